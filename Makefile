@@ -1,0 +1,39 @@
+# The README's two commands are `make demo` and `make test`; both bootstrap what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+PYTEST_ARGS ?=
+
+.PHONY: help bootstrap redis-server demo test test-fast test-vllm lint bench
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+bootstrap: ## install uv if missing and the locked environment
+	@command -v $(UV) >/dev/null 2>&1 || { echo "installing uv"; python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv; }
+	@$(UV) sync --frozen --quiet
+
+redis-server: ## make sure a redis-server binary exists (tests start their own servers)
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing redis-server with apt"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null); \
+	  else \
+	    echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install redis-server)"; exit 1; \
+	  fi; }
+
+demo: bootstrap ## simulated P/D engines + router + in-process state: a turn-by-turn TTFT report
+	@$(UV) run carryover demo
+
+test: bootstrap redis-server ## the whole suite (with the real-vLLM tier)
+	@$(UV) run pytest $(PYTEST_ARGS)
+
+test-fast: bootstrap redis-server ## everything but the real-vLLM tier
+	@$(UV) run pytest -m "not real" $(PYTEST_ARGS)
+
+lint: bootstrap ## ruff and mypy
+	@$(UV) run ruff check . && $(UV) run ruff format --check . && $(UV) run mypy
+
+bench: bootstrap ## state-layer micro-benchmark
+	@$(UV) run python -m bench.state_bench

@@ -1,0 +1,43 @@
+"""Conversation state: records, the token-prefix check, and the stores that keep them."""
+
+from state.keys import MAX_ID_LENGTH, ConversationKey, InvalidIdentifier, validate_identifier
+from state.memory import MemoryStore
+from state.planning import plan
+from state.prefix import (
+    HashedTokens,
+    Path,
+    Plan,
+    PlanSettings,
+    Reason,
+    TokenPrefix,
+    block_size_of,
+    chunk_size_for,
+    release_handle,
+    truncate_handle,
+)
+from state.records import Record
+from state.redis_store import RedisStore
+from state.store import Store, StoreUnavailable
+
+__all__ = [
+    "MAX_ID_LENGTH",
+    "ConversationKey",
+    "HashedTokens",
+    "InvalidIdentifier",
+    "MemoryStore",
+    "Path",
+    "Plan",
+    "PlanSettings",
+    "Reason",
+    "Record",
+    "RedisStore",
+    "Store",
+    "StoreUnavailable",
+    "TokenPrefix",
+    "block_size_of",
+    "chunk_size_for",
+    "plan",
+    "release_handle",
+    "truncate_handle",
+    "validate_identifier",
+]

@@ -1,0 +1,81 @@
+"""In-process store: the embedded default for a single router.
+
+Atomicity comes from asyncio itself: no method awaits between reading and writing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from state.keys import ConversationKey
+from state.records import Record
+
+__all__ = ["MemoryStore"]
+
+_SWEEP_EVERY = 1024
+
+
+class MemoryStore:
+    """Records in a dict, expired lazily on access and swept every 1,024 commits."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._records: dict[ConversationKey, Record] = {}
+        self._epochs: dict[str, int] = {}
+        self._commits = 0
+
+    def _live(self, key: ConversationKey) -> Record | None:
+        record = self._records.get(key)
+        if record is not None and record.expired(self._clock()):
+            del self._records[key]
+            return None
+        return record
+
+    async def claim(self, key: ConversationKey) -> Record | None:
+        record = self._live(key)
+        if record is not None:
+            del self._records[key]
+        return record
+
+    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> bool:
+        if record.expired(now):
+            return False
+        current = self._live(key)
+        if current is not None and current.turn > record.turn:
+            return False
+        self._records[key] = record
+        self._commits += 1
+        if self._commits % _SWEEP_EVERY == 0:
+            self._sweep()
+        return True
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        for key in [k for k, r in self._records.items() if r.expired(now)]:
+            del self._records[key]
+
+    async def get(self, key: ConversationKey) -> Record | None:
+        return self._live(key)
+
+    async def delete(self, key: ConversationKey) -> Record | None:
+        record = self._live(key)
+        self._records.pop(key, None)
+        return record
+
+    async def bump_epoch(self, instance: str) -> int:
+        self._epochs[instance] = self._epochs.get(instance, 0) + 1
+        return self._epochs[instance]
+
+    async def epochs(self, instances: list[str]) -> dict[str, int]:
+        return {name: self._epochs.get(name, 0) for name in instances}
+
+    async def count(self) -> int:
+        self._sweep()
+        return len(self._records)
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

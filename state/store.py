@@ -1,0 +1,57 @@
+"""The ``Store`` contract shared by the in-process and Redis backends."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from state.keys import ConversationKey
+from state.records import Record
+
+__all__ = ["Store", "StoreUnavailable"]
+
+
+class StoreUnavailable(Exception):
+    """The store could not answer in time. Callers serve the turn cold; they never fail it."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Conversation records and decode-instance epochs.
+
+    Every method either answers or raises :class:`StoreUnavailable` within the backend's timeout.
+    """
+
+    async def claim(self, key: ConversationKey) -> Record | None:
+        """Take the record out of the store (get-and-delete in one step): a handle is used once."""
+        ...
+
+    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> bool:
+        """Store ``record`` unless a record of a later turn is stored; expire it at
+        ``record.expires_at``. Returns whether it was written."""
+        ...
+
+    async def get(self, key: ConversationKey) -> Record | None:
+        """Read the record without taking it (inspection only: never send its handle)."""
+        ...
+
+    async def delete(self, key: ConversationKey) -> Record | None:
+        """Drop the record; returns what was dropped."""
+        ...
+
+    async def bump_epoch(self, instance: str) -> int:
+        """Mark a decode instance as restarted: records written before are stale."""
+        ...
+
+    async def epochs(self, instances: list[str]) -> dict[str, int]:
+        """Current epochs of the named instances (0 for one never bumped)."""
+        ...
+
+    async def count(self) -> int:
+        """How many live records the store holds (for operations and soak reports)."""
+        ...
+
+    async def ping(self) -> None:
+        """Raise :class:`StoreUnavailable` if the store cannot answer."""
+        ...
+
+    async def close(self) -> None: ...

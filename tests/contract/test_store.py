@@ -1,0 +1,112 @@
+"""One contract, two backends: the in-process store and a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from state import ConversationKey, MemoryStore, RedisStore, Store
+from tests.support.records import make_record
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> AsyncIterator[Store]:
+    backend: Store
+    if request.param == "memory":
+        backend = MemoryStore()
+    else:
+        backend = RedisStore.from_url(redis_server.url, namespace=f"t{uuid.uuid4().hex}")
+    yield backend
+    await backend.close()
+
+
+def key(name: str = "c1", tenant: str = "acme") -> ConversationKey:
+    return ConversationKey(tenant, "m", name)
+
+
+async def test_claim_is_single_use(store: Store) -> None:
+    assert await store.claim(key()) is None
+    record = make_record(1)
+    assert await store.commit(key(), record, now=time.time())
+    assert await store.get(key()) == record  # inspection does not take it
+    assert await store.claim(key()) == record
+    assert await store.claim(key()) is None
+
+
+async def test_later_turn_wins_and_earlier_is_refused(store: Store) -> None:
+    assert await store.commit(key(), make_record(4), now=time.time())
+    assert not await store.commit(key(), make_record(3), now=time.time())
+    got = await store.get(key())
+    assert got is not None and got.turn == 4
+    assert await store.commit(key(), make_record(5), now=time.time())
+    got = await store.get(key())
+    assert got is not None and got.turn == 5
+
+
+async def test_expiry_is_honoured(store: Store) -> None:
+    assert await store.commit(key(), make_record(1, ttl=0.3), now=time.time())
+    assert await store.get(key()) is not None
+    await asyncio.sleep(0.45)
+    assert await store.claim(key()) is None
+    # An already expired record is not written at all.
+    assert not await store.commit(key(), make_record(2, ttl=-1), now=time.time())
+
+
+async def test_fifty_claimers_get_the_record_exactly_once(store: Store) -> None:
+    await store.commit(key(), make_record(7), now=time.time())
+    results = await asyncio.gather(*(store.claim(key()) for _ in range(50)))
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1 and winners[0].turn == 7
+
+
+async def test_tenants_and_conversations_are_apart(store: Store) -> None:
+    await store.commit(key("c1", "a"), make_record(1), now=time.time())
+    assert await store.claim(key("c1", "b")) is None
+    assert await store.claim(key("c2", "a")) is None
+    assert await store.claim(key("c1", "a")) is not None
+
+
+async def test_delete_and_count(store: Store) -> None:
+    base = await store.count()
+    for i in range(3):
+        await store.commit(key(f"c{i}"), make_record(1), now=time.time())
+    assert await store.count() == base + 3
+    dropped = await store.delete(key("c1"))
+    assert dropped is not None and dropped.turn == 1
+    assert await store.delete(key("c1")) is None
+    assert await store.count() == base + 2
+
+
+async def test_epochs(store: Store) -> None:
+    name = f"d-{uuid.uuid4().hex}"
+    assert await store.epochs([name]) == {name: 0}
+    assert await store.bump_epoch(name) == 1
+    assert await store.bump_epoch(name) == 2
+    assert await store.epochs([name, "other-" + name]) == {name: 2, "other-" + name: 0}
+    assert await store.epochs([]) == {}
+
+
+async def test_two_routers_racing_commits_end_with_the_later_turn(
+    redis_server: RedisServer,
+) -> None:
+    namespace = f"t{uuid.uuid4().hex}"
+    a = RedisStore.from_url(redis_server.url, namespace=namespace)
+    b = RedisStore.from_url(redis_server.url, namespace=namespace)
+    try:
+        for round_ in range(20):
+            k = key(f"race{round_}")
+            first, second = (a, b) if round_ % 2 else (b, a)
+            await asyncio.gather(
+                first.commit(k, make_record(4), now=time.time()),
+                second.commit(k, make_record(3), now=time.time()),
+            )
+            got = await a.get(k)
+            assert got is not None and got.turn == 4
+    finally:
+        await a.close()
+        await b.close()
