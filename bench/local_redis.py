@@ -1,0 +1,48 @@
+"""Start a throwaway redis-server on a free loopback port (benchmarks and the demo)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def local_redis() -> Iterator[str]:
+    """Yield the URL of a fresh redis-server that is stopped on exit."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as workdir:
+        args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        proc = subprocess.Popen(
+            [*args, "--appendonly", "no", "--dir", workdir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+            yield f"redis://127.0.0.1:{port}/0"
+        finally:
+            proc.kill()
+            proc.wait()
