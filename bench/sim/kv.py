@@ -1,0 +1,154 @@
+"""The simulated KV cache: a paged block pool whose blocks hold *what they were computed from*.
+
+A block's content is a digest chained over every token before it and in it (its KV depends on
+the whole prefix, as attention makes real KV do). Computing tokens locally extends that chain;
+loading a block from another instance copies the other instance's content as it is. So a load of
+blocks computed for other tokens (vLLM #43094) leaves content that no local computation of this
+prompt would give, and every output derived from it differs: a wrong reuse gives a wrong answer.
+
+When everything was computed correctly, a full block's content equals the hash of its tokens,
+which is also its prefix-cache key. Blocks pulled from elsewhere are cached under the *local*
+prompt's token hashes, as vLLM does, so a wrong pull poisons later requests.
+"""
+
+from __future__ import annotations
+
+import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import xxhash
+
+__all__ = ["SEED", "BlockPool", "OutOfBlocks", "chain", "token_hashes"]
+
+SEED = b"\x00" * 16
+
+
+def _pack(tokens: Sequence[int]) -> bytes:
+    return array.array("I", tokens).tobytes()
+
+
+def chain(previous: bytes, tokens: Sequence[int]) -> bytes:
+    """Content of a block whose predecessor has content ``previous`` and which holds ``tokens``,
+    all computed locally."""
+    digest: bytes = xxhash.xxh3_128(previous + _pack(tokens)).digest()
+    return digest
+
+
+def token_hashes(tokens: Sequence[int], block_size: int) -> list[bytes]:
+    """Prefix-cache keys of every full block of ``tokens``."""
+    hashes: list[bytes] = []
+    previous = SEED
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        previous = chain(previous, tokens[start : start + block_size])
+        hashes.append(previous)
+    return hashes
+
+
+class OutOfBlocks(Exception):
+    """Not enough free blocks: the request waits."""
+
+
+class BlockPool:
+    """Reference-counted blocks, an LRU of free ones, and a prefix cache over full blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.prefix_caching = prefix_caching
+        self.content: list[bytes] = [SEED] * num_blocks
+        self.refs = [0] * num_blocks
+        self.key: list[bytes | None] = [None] * num_blocks  # prefix-cache key, if cached
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._cache: dict[bytes, int] = {}
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def usage(self) -> float:
+        return self.used / self.num_blocks
+
+    def lookup(self, hashes: Sequence[bytes], limit: int) -> list[int]:
+        """Cached blocks for the leading ``hashes`` (at most ``limit`` blocks), referenced."""
+        if not self.prefix_caching:
+            return []
+        found: list[int] = []
+        for digest in hashes[:limit]:
+            block = self._cache.get(digest)
+            if block is None:
+                break
+            found.append(block)
+        for block in found:
+            self._ref(block)
+        return found
+
+    def _ref(self, block: int) -> None:
+        if self.refs[block] == 0:
+            self._free.pop(block, None)
+        self.refs[block] += 1
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise OutOfBlocks(f"need {count} blocks, {len(self._free)} free")
+        blocks = []
+        for _ in range(count):
+            block, _ = self._free.popitem(last=False)  # least recently freed first
+            old = self.key[block]
+            if old is not None and self._cache.get(old) == block:
+                del self._cache[old]
+            self.key[block] = None
+            self.content[block] = SEED
+            self.refs[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def cache(self, blocks: Sequence[int], hashes: Sequence[bytes]) -> None:
+        """Enter full blocks into the prefix cache under the given token hashes."""
+        if not self.prefix_caching:
+            return
+        for block, digest in zip(blocks, hashes, strict=False):
+            if digest not in self._cache:
+                self._cache[digest] = block
+                self.key[block] = digest
+
+    def release(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self.refs[block] -= 1
+            if self.refs[block] == 0:
+                self._free[block] = None  # cached blocks stay findable until reallocated
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+        self.key = [None] * self.num_blocks
+
+    def compute(self, blocks: Sequence[int], tokens: Sequence[int], start: int, end: int) -> None:
+        """Compute KV for ``tokens[start:end]`` locally into ``blocks``.
+
+        A block that already holds loaded content for its first tokens keeps the effect of that
+        content: if it is not what local computation would have given, the block stays wrong.
+        """
+        size = self.block_size
+        position = start
+        while position < end:
+            index = position // size
+            block_start = index * size
+            block_end = min(block_start + size, end)
+            previous = self.content[blocks[index - 1]] if index else SEED
+            if position > block_start:
+                current = self.content[blocks[index]]
+                if current == chain(previous, tokens[block_start:position]):
+                    value = chain(previous, tokens[block_start:block_end])
+                else:
+                    corrupt = b"x" + current + _pack(tokens[position:block_end])
+                    value = xxhash.xxh3_128(corrupt).digest()
+            else:
+                value = chain(previous, tokens[block_start:block_end])
+            self.content[blocks[index]] = value
+            position = block_end
+
+    def fingerprint(self, blocks: Sequence[int], length: int) -> bytes:
+        """What the model attends to after ``length`` tokens: the content of the last block."""
+        if length == 0:
+            return SEED
+        return self.content[blocks[(length - 1) // self.block_size]]

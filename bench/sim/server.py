@@ -1,0 +1,547 @@
+"""The HTTP face of a simulated vLLM instance (aiohttp, so tests can run it in-process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from bench.sim.answers import split_reasoning
+from bench.sim.config import SimConfig
+from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
+from router.render.chat_template import ChatTemplate, RenderInputError
+
+__all__ = ["SimServer"]
+
+_json = msgspec.json.Encoder()
+_decode = msgspec.json.Decoder()
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.Response(status=status, body=_json.encode(body), content_type="application/json")
+
+
+def _ok(body: Any) -> web.Response:
+    return web.Response(body=_json.encode(body), content_type="application/json")
+
+
+class _Faults(msgspec.Struct):
+    error_rate: float = 0.0
+    hang: bool = False
+    slow: float = 0.0
+    drop_stream_after: int | None = None  # chunks, then the connection is cut
+
+
+class SimServer:
+    """One instance: engine + HTTP app. ``await start()`` / ``await stop()`` in a running loop."""
+
+    def __init__(self, config: SimConfig, template: ChatTemplate | None = None) -> None:
+        self.config = config
+        self.template = template or ChatTemplate.qwen3()
+        self.engine = SimEngine(config, self.template)
+        self.faults = _Faults(error_rate=config.error_rate, hang=config.hang, slow=config.slow)
+        self._rng = random.Random(config.seed)
+        self._runner: web.AppRunner | None = None
+        self.app = self._build_app()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.add_routes(
+            [
+                web.post("/v1/chat/completions", self.chat),
+                web.post("/v1/completions", self.completions),
+                web.post("/tokenize", self.tokenize),
+                web.post("/detokenize", self.detokenize),
+                web.post("/v1/chat/completions/render", self.render),
+                web.get("/health", self.health),
+                web.get("/v1/models", self.models),
+                web.get("/version", self.version),
+                web.get("/metrics", self.metrics),
+                web.post("/sim/faults", self.set_faults),
+                web.get("/sim/state", self.state),
+            ]
+        )
+        return app
+
+    async def start(self) -> None:
+        await self.engine.start()
+        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.config.host, self.config.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.engine.stop()
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = _decode.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            raise EngineError(400, f"invalid JSON body: {exc}") from exc
+        if not isinstance(body, dict):
+            raise EngineError(400, "the body must be a JSON object")
+        return body
+
+    def _check_model(self, body: dict[str, Any]) -> str:
+        model = body.get("model") or self.config.served_model_name
+        if model != self.config.served_model_name:
+            raise EngineError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        return str(model)
+
+    def _prompt_ids_from_params(self, kv: dict[str, Any] | None) -> list[int] | None:
+        """``kv_transfer_params.prompt_token_ids`` replaces rendering (§1.8)."""
+        if not kv or "prompt_token_ids" not in kv:
+            return None
+        ids = kv.pop("prompt_token_ids")
+        vocab = self.template.vocab_size
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in ids
+            )
+        ):
+            raise EngineError(400, "kv_transfer_params.prompt_token_ids must be valid token ids")
+        return ids
+
+    def _render_chat(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise EngineError(400, "messages must be a non-empty list")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise EngineError(400, "chat_template_kwargs must be an object")
+        try:
+            return self.template.render(
+                messages,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                tools=body.get("tools"),
+                chat_template_kwargs=kwargs,
+            )
+        except RenderInputError as exc:
+            raise EngineError(400, str(exc)) from exc
+
+    def _sampling(self, body: dict[str, Any], prompt_len: int, *, chat: bool) -> dict[str, Any]:
+        temperature = body.get("temperature")
+        if temperature not in (None, 0, 0.0):
+            raise EngineError(400, "the simulator is deterministic: temperature must be 0")
+        if body.get("n", 1) != 1:
+            raise EngineError(400, "n must be 1")
+        max_tokens = body.get("max_completion_tokens") if chat else None
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = self.config.max_model_len - prompt_len
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise EngineError(400, "max_tokens must be a positive integer")
+        stop = body.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise EngineError(400, "stop must be a string or a list of strings")
+        return {"max_tokens": max_tokens, "stop": stop, "ignore_eos": bool(body.get("ignore_eos"))}
+
+    async def _faults_before(self) -> web.Response | None:
+        if self.faults.slow:
+            await asyncio.sleep(self.faults.slow)
+        if self.faults.hang:
+            await asyncio.Event().wait()
+        if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
+            return _error(500, "Internal server error (injected)", "InternalServerError")
+        return None
+
+    # -- generation endpoints ----------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        fault = await self._faults_before()
+        if fault is not None:
+            return fault
+        try:
+            body = await self._body(request)
+            model = self._check_model(body)
+            kv = body.get("kv_transfer_params")
+            if kv is not None and not isinstance(kv, dict):
+                raise EngineError(400, "kv_transfer_params must be an object")
+            kv = dict(kv) if kv is not None else None
+            prompt = self._prompt_ids_from_params(kv)
+            thinking = False
+            if chat:
+                kwargs = body.get("chat_template_kwargs") or {}
+                thinking = isinstance(kwargs, dict) and kwargs.get("enable_thinking") is True
+                if prompt is None:
+                    prompt = await asyncio.to_thread(self._render_chat, body)
+            elif prompt is None:
+                prompt = self._completion_prompt(body.get("prompt"))
+            sampling = self._sampling(body, len(prompt), chat=chat)
+        except EngineError as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        prefix = "chatcmpl" if chat else "cmpl"
+        header_id = request.headers.get("X-Request-Id") or body.get("request_id")
+        response_id = f"{prefix}-{header_id or secrets.token_hex(8)}"
+        gen = GenerationRequest(
+            request_id=SimEngine.new_request_id(response_id),
+            prompt=prompt,
+            thinking=thinking,
+            kv_params=kv,
+            **sampling,
+        )
+        meta = {
+            "id": response_id,
+            "created": int(time.time()),
+            "model": model,
+            "return_token_ids": bool(body.get("return_token_ids")),
+            "chat": chat,
+        }
+        if body.get("stream"):
+            options = body.get("stream_options") or {}
+            include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            return await self._stream(request, gen, meta, include_usage)
+        return await self._complete(gen, meta)
+
+    def _completion_prompt(self, prompt: Any) -> list[int]:
+        if isinstance(prompt, str) and prompt:
+            return self.template.encode(prompt)
+        if (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+        ):
+            if not all(0 <= i < self.template.vocab_size for i in prompt):
+                raise EngineError(400, "prompt token ids out of vocabulary")
+            return list(prompt)
+        raise EngineError(400, "prompt must be a non-empty string or a list of token ids")
+
+    async def _complete(self, gen: GenerationRequest, meta: dict[str, Any]) -> web.Response:
+        ids: list[int] = []
+        text = ""
+        finished: Finished | None = None
+        try:
+            async for event in self.engine.generate(gen):
+                if isinstance(event, Token):
+                    ids.append(event.token_id)
+                    text += event.text
+                else:
+                    finished = event
+        except EngineError as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        assert finished is not None
+        usage = self._usage(gen, ids, finished)
+        if meta["chat"]:
+            reasoning, content = split_reasoning(text) if gen.thinking else (None, text)
+            message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": []}
+            if gen.thinking:
+                message["reasoning_content"] = reasoning
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finished.reason,
+                "stop_reason": finished.stop_reason,
+            }
+            if meta["return_token_ids"]:
+                choice["token_ids"] = ids
+            body: dict[str, Any] = {
+                "id": meta["id"],
+                "object": "chat.completion",
+                "created": meta["created"],
+                "model": meta["model"],
+                "choices": [choice],
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_ids": gen.prompt if meta["return_token_ids"] else None,
+                "kv_transfer_params": finished.kv_params,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finished.reason,
+                "stop_reason": finished.stop_reason,
+                "prompt_logprobs": None,
+            }
+            if meta["return_token_ids"]:
+                choice["prompt_token_ids"] = gen.prompt
+                choice["token_ids"] = ids
+            body = {
+                "id": meta["id"],
+                "object": "text_completion",
+                "created": meta["created"],
+                "model": meta["model"],
+                "choices": [choice],
+                "usage": usage,
+                "kv_transfer_params": finished.kv_params,
+            }
+        return _ok(body)
+
+    @staticmethod
+    def _usage(gen: GenerationRequest, ids: list[int], finished: Finished) -> dict[str, Any]:
+        return {
+            "prompt_tokens": len(gen.prompt),
+            "completion_tokens": len(ids),
+            "total_tokens": len(gen.prompt) + len(ids),
+            "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
+        }
+
+    async def _stream(
+        self,
+        request: web.Request,
+        gen: GenerationRequest,
+        meta: dict[str, Any],
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        events = self.engine.generate(gen)
+        # Errors before the first token are plain HTTP errors, as in vLLM.
+        try:
+            first = await anext(events)
+        except EngineError as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunks = 0
+        chat = meta["chat"]
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        base = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"]}
+
+        async def send(payload: dict[str, Any]) -> None:
+            nonlocal chunks
+            drop = self.faults.drop_stream_after
+            if drop is not None and chunks >= drop:
+                assert request.transport is not None
+                request.transport.close()
+                raise ConnectionResetError("injected stream drop")
+            await response.write(b"data: " + _json.encode(payload) + b"\n\n")
+            chunks += 1
+
+        if chat:
+            head: dict[str, Any] = {
+                **base,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            if meta["return_token_ids"]:
+                head["prompt_token_ids"] = gen.prompt
+            await send(head)
+        ids: list[int] = []
+        text = ""
+        in_reasoning = False
+        sent_prompt_ids = chat
+
+        async def all_events() -> AsyncIterator[Token | Finished]:
+            yield first
+            async for event in events:
+                yield event
+
+        try:
+            async for event in all_events():
+                if isinstance(event, Token):
+                    ids.append(event.token_id)
+                    text += event.text
+                    delta: dict[str, Any]
+                    if chat:
+                        piece = event.text
+                        field = "content"
+                        if gen.thinking:
+                            if piece == "<think>":
+                                in_reasoning, piece = True, ""
+                            elif piece == "</think>":
+                                in_reasoning, piece = False, ""
+                            elif in_reasoning:
+                                field = "reasoning_content"
+                            elif "</think>" in text and not text.split("</think>", 1)[1].strip(
+                                "\n"
+                            ):
+                                piece = ""  # the newlines right after </think>
+                        delta = {field: piece}
+                        choice: dict[str, Any] = {
+                            "index": 0,
+                            "delta": delta,
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    else:
+                        choice = {
+                            "index": 0,
+                            "text": event.text,
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                        if meta["return_token_ids"] and not sent_prompt_ids:
+                            choice["prompt_token_ids"] = gen.prompt
+                            sent_prompt_ids = True
+                    if meta["return_token_ids"]:
+                        choice["token_ids"] = [event.token_id]
+                    await send({**base, "choices": [choice]})
+                else:
+                    end: dict[str, Any] = {
+                        "index": 0,
+                        "finish_reason": event.reason,
+                        "stop_reason": event.stop_reason,
+                        "logprobs": None,
+                    }
+                    if chat:
+                        end["delta"] = {}
+                    else:
+                        end["text"] = ""
+                    final: dict[str, Any] = {**base, "choices": [end]}
+                    if self.config.streams_handles:  # the finish chunk carries it from 0.33.0
+                        final["kv_transfer_params"] = event.kv_params
+                    await send(final)
+                    if include_usage:
+                        await send({**base, "choices": [], "usage": self._usage(gen, ids, event)})
+                    await response.write(b"data: [DONE]\n\n")
+        except EngineError as exc:
+            error = {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
+            await response.write(b"data: " + _json.encode(error) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:
+            await events.aclose()
+            return response
+        await response.write_eof()
+        return response
+
+    # -- the rest of vLLM's surface ----------------------------------------------------------
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            self._check_model(body)
+            if "messages" in body:
+                tokens = await asyncio.to_thread(self._render_chat, body)
+            else:
+                prompt = body.get("prompt")
+                if not isinstance(prompt, str):
+                    raise EngineError(400, "prompt must be a string")
+                tokens = self.template.encode(prompt)
+        except EngineError as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        return _ok(
+            {
+                "count": len(tokens),
+                "max_model_len": self.config.max_model_len,
+                "tokens": tokens,
+                "token_strs": None,
+            }
+        )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._body(request)
+            tokens = body.get("tokens")
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise EngineError(400, "tokens must be a list of token ids")
+        except EngineError as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        return _ok({"prompt": self.template.decode(tokens, skip_special_tokens=False)})
+
+    async def render(self, request: web.Request) -> web.Response:
+        """``/v1/chat/completions/render``: a GenerateRequest with the prompt ids (§4.2)."""
+        try:
+            body = await self._body(request)
+            model = self._check_model(body)
+            tokens = await asyncio.to_thread(self._render_chat, body)
+        except EngineError as exc:
+            return _error(exc.status, str(exc), exc.kind)
+        header_id = request.headers.get("X-Request-Id") or secrets.token_hex(8)
+        return _ok(
+            {
+                "request_id": f"chatcmpl-{header_id}",
+                "token_ids": tokens,
+                "sampling_params": {"max_tokens": body.get("max_tokens")},
+                "model": model,
+                "stream": bool(body.get("stream")),
+                "kv_transfer_params": None,
+            }
+        )
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        name = self.config.served_model_name
+        return _ok(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "vllm",
+                        "root": self.config.model,
+                        "max_model_len": self.config.max_model_len,
+                    }
+                ],
+            }
+        )
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _ok({"version": self.config.vllm_version})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        self.engine.refresh_gauges()
+        return web.Response(body=self.engine.metrics.render(), content_type="text/plain")
+
+    async def state(self, request: web.Request) -> web.Response:
+        """Simulator-only introspection for tests and reports."""
+        engine = self.engine
+        return _ok(
+            {
+                "engine_id": engine.engine_id,
+                "held_requests": engine.held_requests,
+                "used_blocks": engine.pool.used,
+                "num_blocks": engine.pool.num_blocks,
+            }
+        )
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        """``{"kill"|"restart"|"evict_pinned": true}`` act once; the other fields stay set."""
+        try:
+            body = await self._body(request)
+        except EngineError as exc:
+            return _error(exc.status, str(exc))
+        if body.pop("kill", False):
+            asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+            return _ok({"killed": True})
+        result: dict[str, Any] = {}
+        if body.pop("restart", False):
+            self.engine.restart()
+            result["engine_id"] = self.engine.engine_id
+        if body.pop("evict_pinned", False):
+            result["evicted"] = self.engine.evict_held()
+        try:
+            current = msgspec.structs.asdict(self.faults)
+            current.update(body)
+            self.faults = msgspec.convert(current, _Faults)
+        except msgspec.ValidationError as exc:
+            return _error(400, str(exc))
+        result["faults"] = msgspec.structs.asdict(self.faults)
+        return _ok(result)

