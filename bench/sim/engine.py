@@ -145,6 +145,7 @@ class SimEngine:
         self._running.clear()
         self._holds.clear()
         self.engine_id = self.config.new_engine_id()
+        self.metrics.restarted()
         self.pool = BlockPool(
             self.config.num_blocks,
             self.config.block_size,

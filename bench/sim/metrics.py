@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 
 __all__ = ["EngineMetrics"]
 
 
 class EngineMetrics:
     def __init__(self, model_name: str) -> None:
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
         names = list(labels)
@@ -42,6 +45,12 @@ class EngineMetrics:
             "vllm:nixl_num_notifications_after_expiry", "Reads of blocks no longer held."
         )
         self._transfers = counter("vllm:nixl_xfer_tokens", "Tokens read over NIXL (sim only).")
+        # vLLM's /metrics carries the default process collector; a router reads a restart here.
+        self._start = Gauge("process_start_time_seconds", "Start time of the engine.", registry=self.registry)
+        self.restarted()
+
+    def restarted(self) -> None:
+        self._start.set(time.time())
 
     def set_gauges(self, *, running: int, waiting: int, usage: float, pinned: int) -> None:
         self._running.labels(**self._labels).set(running)

@@ -222,7 +222,7 @@ async def test_expired_handle_fails_fast_with_500(client: httpx.AsyncClient) -> 
 
 async def test_pinned_blocks_are_released_after_the_ttl(client: httpx.AsyncClient) -> None:
     async with pd_pair(d_ttl=0.3) as (p, d):
-        d1, _ = await pd_chat(client, p, d, chat_body([user(LONG)]))
+        await pd_chat(client, p, d, chat_body([user(LONG)]))
         assert (await client.get(d.url + "/sim/state")).json()["held_requests"]
         await asyncio.sleep(0.8)
         assert (await client.get(d.url + "/sim/state")).json()["held_requests"] == []

@@ -1,0 +1,435 @@
+"""The Litestar app: routes, lifespan and error rendering, assembled in ``create_app``."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+from litestar import Litestar, Request, Response, delete, get, post
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from router.auth import Authenticator
+from router.config import ModelConfig, RouterConfig
+from router.errors import (
+    BadConversationId,
+    CarryoverError,
+    EngineUnavailable,
+    ModelNotFound,
+    error_body,
+)
+from router.metrics import RouterMetrics
+from router.openai import ChatView, parse_body
+from router.pool import InstancePool
+from router.render.backends import make_renderer
+from router.turn import TurnRequest, TurnRunner
+from router.upstream import Upstream
+from state import (
+    ConversationKey,
+    InvalidIdentifier,
+    MemoryStore,
+    RedisStore,
+    Store,
+    StoreUnavailable,
+)
+
+__all__ = ["Services", "create_app"]
+
+log = logging.getLogger("carryover.router")
+
+_CONVERSATION_HEADERS = ("x-conversation-id", "x-session-id")
+_PATH_HEADER = "X-Carryover-Path"
+
+
+@dataclass
+class Services:
+    config: RouterConfig
+    store: Store
+    upstream: Upstream
+    pool: InstancePool
+    runner: TurnRunner
+    metrics: RouterMetrics
+    auth: Authenticator
+    model_names: dict[int, str]
+    in_flight: int = 0
+    closing: bool = False
+
+
+def _json(status: int, content: bytes, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+
+def _error_response(exc: CarryoverError) -> Response[bytes]:
+    return _json(
+        exc.status_code, error_body(exc.status_code, exc.message, exc.error_type, exc.param)
+    )
+
+
+def _handle_carryover(_: Request[Any, Any, Any], exc: CarryoverError) -> Response[bytes]:
+    return _error_response(exc)
+
+
+def _handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    kinds = {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestTooLargeError"}
+    kind = kinds.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+    message = exc.detail if status < 500 else "internal error"
+    return _json(status, error_body(status, str(message), kind))
+
+
+def _handle_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("unexpected error", exc_info=exc)
+    return _json(500, error_body(500, "internal error", "InternalServerError"))
+
+
+def _services(request: Request[Any, Any, Any]) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def _conversation_hash(conversation_id: str) -> str:
+    return hashlib.sha256(conversation_id.encode()).hexdigest()[:12]
+
+
+def _resolve_model(services: Services, name: str | None) -> tuple[ModelConfig, str]:
+    models = services.config.models
+    for model in models:
+        known = services.model_names.get(id(model))
+        if known is not None and known == name:
+            return model, known
+    if len(models) == 1:
+        model = models[0]
+        known = services.model_names.get(id(model))
+        if known is None:
+            return model, name or ""
+        if name is None:
+            return model, known
+    raise ModelNotFound(f"The model `{name}` does not exist.")
+
+
+def _conversation_id(request: Request[Any, Any, Any], body: dict[str, Any]) -> str | None:
+    value: str | None = body.pop("conversation_id", None)
+    if value is None:
+        for header in _CONVERSATION_HEADERS:
+            if header in request.headers:
+                value = request.headers[header]
+                break
+    return value
+
+
+async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[bytes] | Stream:
+    services = _services(request)
+    if services.closing:
+        raise EngineUnavailable("the router is shutting down")
+    tenant = services.auth.tenant(request.headers.get("authorization"))
+    raw = await request.body()
+    body, view = parse_body(raw, chat=chat, max_messages=services.config.max_messages)
+    conversation_id = _conversation_id(request, body)
+    model, model_name = _resolve_model(services, view.model)
+    key = None
+    if conversation_id is not None:
+        try:
+            key = ConversationKey(tenant, model_name or "default", conversation_id)
+        except InvalidIdentifier as exc:
+            raise BadConversationId(str(exc)) from exc
+    turn = None
+    if isinstance(view, ChatView):
+        turn = sum(1 for m in view.messages if m.get("role") == "user")
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    if len(request_id) > 128 or not request_id.isprintable():
+        request_id = uuid.uuid4().hex
+    turn_request = TurnRequest(
+        model=model,
+        model_name=model_name,
+        key=key,
+        body=body,
+        chat=chat,
+        stream=bool(view.stream),
+        client_wants_ids=bool(view.return_token_ids),
+        request_id=request_id,
+        turn=turn,
+    )
+    services.in_flight += 1
+    services.metrics.in_flight.set(services.in_flight)
+    started = time.perf_counter()
+    outcome = None
+    try:
+        outcome = await services.runner.run(turn_request)
+    finally:
+        log.info(
+            "turn",
+            extra={
+                "request_id": request_id,
+                "conversation": _conversation_hash(conversation_id) if conversation_id else None,
+                "tenant": tenant,
+                "path": outcome.path if outcome else "error",
+                "turn": turn_request.turn,
+                "stream": turn_request.stream,
+                "elapsed_ms": round((time.perf_counter() - started) * 1000, 2),
+            },
+        )
+        if outcome is None or outcome.chunks is None:
+            services.in_flight -= 1
+            services.metrics.in_flight.set(services.in_flight)
+    headers = {_PATH_HEADER: outcome.path} if services.config.expose_path_header else {}
+    if outcome.chunks is not None:
+        chunks = outcome.chunks
+
+        async def counted() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                services.in_flight -= 1
+                services.metrics.in_flight.set(services.in_flight)
+
+        return Stream(
+            counted(),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+    assert outcome.body is not None
+    return _json(200, outcome.body, headers)
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
+    return await _generate(request, chat=True)
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
+    return await _generate(request, chat=False)
+
+
+@get("/v1/models")
+async def models(request: Request[Any, Any, Any]) -> Response[bytes]:
+    services = _services(request)
+    services.auth.tenant(request.headers.get("authorization"))
+    data: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for model in services.config.models:
+        for instance in services.pool.available(model, "decode") + services.pool.available(
+            model, "prefill"
+        ):
+            try:
+                answer = await services.upstream.get(
+                    f"{instance.url}/v1/models", timeout=services.config.timeouts.health
+                )
+                entries = answer.json().get("data", [])
+            except (CarryoverError, ValueError, AttributeError):
+                continue
+            for entry in entries:
+                if isinstance(entry, dict) and entry.get("id") not in seen:
+                    seen.add(str(entry.get("id")))
+                    data.append(
+                        {
+                            k: entry[k]
+                            for k in ("id", "object", "created", "owned_by", "max_model_len")
+                            if k in entry
+                        }
+                    )
+            break
+    return _json(200, msgspec.json.encode({"object": "list", "data": data}))
+
+
+@get("/health")
+async def health() -> Response[bytes]:
+    return _json(200, b'{"status":"ok"}')
+
+
+@get("/ready")
+async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+    if _services(request).pool.ready():
+        return _json(200, b'{"status":"ready"}')
+    return _json(503, error_body(503, "no healthy prefill/decode pair", "ServiceUnavailableError"))
+
+
+@get("/metrics")
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    content = _services(request).metrics.render()
+    return Response(content, media_type="text/plain; version=0.0.4")
+
+
+@delete("/v1/conversations/{conversation_id:str}", status_code=200)
+async def end_conversation(
+    request: Request[Any, Any, Any], conversation_id: str
+) -> Response[bytes]:
+    """Drop a conversation's record and free its decode blocks now."""
+    services = _services(request)
+    tenant = services.auth.tenant(request.headers.get("authorization"))
+    model, model_name = _resolve_model(services, request.query_params.get("model"))
+    try:
+        key = ConversationKey(tenant, model_name or "default", conversation_id)
+    except InvalidIdentifier as exc:
+        raise BadConversationId(str(exc)) from exc
+    try:
+        record = await services.store.delete(key)
+    except StoreUnavailable as exc:
+        raise EngineUnavailable("conversation state is unavailable") from exc
+    released = False
+    if record is not None:
+        released = await services.runner.release(model, model_name, record.handle)
+    return _json(
+        200,
+        msgspec.json.encode(
+            {"id": conversation_id, "deleted": record is not None, "released": released}
+        ),
+    )
+
+
+@get("/admin/conversations/{conversation_id:str}")
+async def inspect_conversation(
+    request: Request[Any, Any, Any], conversation_id: str
+) -> Response[bytes]:
+    """A record's summary (never its handle or block ids)."""
+    services = _services(request)
+    services.auth.admin(request.headers.get("authorization"))
+    tenant = request.query_params.get("tenant") or "default"
+    _, model_name = _resolve_model(services, request.query_params.get("model"))
+    try:
+        key = ConversationKey(tenant, model_name or "default", conversation_id)
+    except InvalidIdentifier as exc:
+        raise BadConversationId(str(exc)) from exc
+    try:
+        record = await services.store.get(key)
+    except StoreUnavailable as exc:
+        raise EngineUnavailable("conversation state is unavailable") from exc
+    if record is None:
+        raise ModelNotFound("no record for this conversation")
+    now = time.time()
+    summary = {
+        "id": conversation_id,
+        "tenant": tenant,
+        "turn": record.turn,
+        "decode": record.decode,
+        "decode_epoch": record.decode_epoch,
+        "prefill": record.prefill,
+        "tokens": record.prefix.length,
+        "output_start": record.prefix.output_start,
+        "block_size": record.block_size,
+        "age_seconds": round(now - record.created_at, 3),
+        "expires_in_seconds": round(record.expires_in(now), 3),
+    }
+    return _json(200, msgspec.json.encode(summary))
+
+
+@post("/admin/instances/{name:str}/drain", status_code=200)
+async def drain_instance(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+    services = _services(request)
+    services.auth.admin(request.headers.get("authorization"))
+    instance = services.pool.by_name.get(name)
+    if instance is None:
+        raise ModelNotFound(f"no instance named {name!r}")
+    undo = request.query_params.get("undo") in ("1", "true")
+    instance.draining = not undo
+    return _json(
+        200,
+        msgspec.json.encode(
+            {"instance": name, "draining": instance.draining, "in_flight": instance.in_flight}
+        ),
+    )
+
+
+def create_app(
+    config: RouterConfig,
+    *,
+    store: Store | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    seed: int | None = None,
+) -> Litestar:
+    """Build the router. ``store``/``transport`` replace the configured ones (tests, embedding)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        owned_store = store is None
+        backend: Store = store or (
+            RedisStore.from_url(config.redis, timeout=config.store_timeout)
+            if config.redis
+            else MemoryStore()
+        )
+        upstream = Upstream(config.timeouts, transport)
+        metrics_ = RouterMetrics()
+        pool = InstancePool(config, upstream, backend, metrics_)
+        renderers = {id(m): make_renderer(m.render, upstream) for m in config.models}
+        runner = TurnRunner(
+            config, pool, backend, upstream, renderers, metrics_, random.Random(seed)
+        )
+        services = Services(
+            config=config,
+            store=backend,
+            upstream=upstream,
+            pool=pool,
+            runner=runner,
+            metrics=metrics_,
+            auth=Authenticator(config.api_keys, config.admin_key),
+            model_names={id(m): m.name for m in config.models if m.name is not None},
+        )
+        app.state.services = services
+        await pool.start()
+        discovery = asyncio.create_task(_discover_names(services))
+        try:
+            yield
+        finally:
+            services.closing = True
+            deadline = time.monotonic() + config.shutdown_grace
+            while services.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            discovery.cancel()
+            await runner.drain_background()
+            await pool.stop()
+            await upstream.aclose()
+            if owned_store:
+                await backend.close()
+
+    return Litestar(
+        route_handlers=[
+            chat_completions,
+            completions,
+            models,
+            health,
+            ready,
+            metrics,
+            end_conversation,
+            inspect_conversation,
+            drain_instance,
+        ],
+        lifespan=[lifespan],
+        exception_handlers={
+            CarryoverError: _handle_carryover,
+            HTTPException: _handle_http,
+            Exception: _handle_unexpected,
+        },
+        request_max_body_size=config.max_body_bytes,
+        logging_config=None,
+    )
+
+
+async def _discover_names(services: Services) -> None:
+    """Models configured without a name take the first served name their P reports."""
+    pending = [m for m in services.config.models if m.name is None]
+    while pending:
+        for model in list(pending):
+            for instance in services.pool.members(model, "prefill") + services.pool.members(
+                model, "decode"
+            ):
+                try:
+                    answer = await services.upstream.get(f"{instance.url}/v1/models", timeout=2.0)
+                    name = answer.json()["data"][0]["id"]
+                except (CarryoverError, ValueError, KeyError, IndexError, TypeError):
+                    continue
+                services.model_names[id(model)] = str(name)
+                pending.remove(model)
+                break
+        if pending:
+            await asyncio.sleep(1.0)

@@ -1,0 +1,199 @@
+"""``carryover``: serve the router, run a simulated engine, benchmark, or the demo.
+
+This module is the only one that reads argv, the environment and config files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from router.config import ConfigError, RouterConfig
+
+__all__ = ["load_config", "main"]
+
+_ENV_PREFIX = "CARRYOVER_"
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="carryover serve", description="Run the router.")
+    p.add_argument("--config", type=Path, help="TOML file (flags override it)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--workers", type=int)
+    p.add_argument("--prefill", action="append", metavar="URL", help="a prefill instance (repeat)")
+    p.add_argument("--decode", action="append", metavar="URL", help="a decode instance (repeat)")
+    p.add_argument("--model", help="served model name (default: asked from the engines)")
+    p.add_argument("--render", metavar="URL", help="a vLLM render server (default: P's /tokenize)")
+    p.add_argument("--render-local", metavar="DIR", nargs="?", const="", help="render in process")
+    p.add_argument("--redis", metavar="URL", help="shared state (default: in-process)")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--decoder-kv-blocks-ttl", type=float)
+    p.add_argument("--queue-margin", type=float)
+    p.add_argument("--kv-recompute-threshold", type=int)
+    p.add_argument("--no-partial-reuse", action="store_true")
+    p.add_argument("--no-reuse", action="store_true", help="plain P/D, no conversation state")
+    p.add_argument("--no-prefix-check", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--expose-path-header", action="store_true")
+    p.add_argument("--prefill-timeout", type=float)
+    p.add_argument("--first-byte-timeout", type=float)
+    p.add_argument("--store-timeout", type=float)
+    p.add_argument("--health-interval", type=float)
+    p.add_argument("--log-level")
+    return p
+
+
+def _env_list(value: str | None) -> list[str] | None:
+    return [v for v in value.split(",") if v] if value else None
+
+
+def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> RouterConfig:
+    """Defaults < config file < ``CARRYOVER_*`` environment < flags."""
+    env = dict(os.environ if environ is None else environ)
+    args = _serve_parser().parse_args(list(argv))
+    config_path = args.config or (
+        Path(env[_ENV_PREFIX + "CONFIG"]) if env.get(_ENV_PREFIX + "CONFIG") else None
+    )
+    raw: dict[str, Any] = {}
+    if config_path is not None:
+        try:
+            raw = tomllib.loads(config_path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {config_path}: {exc}") from exc
+    router: dict[str, Any] = dict(raw.get("router", {}))
+    models: list[dict[str, Any]] = [dict(m) for m in raw.get("models", [])]
+
+    def pick(flag: Any, env_name: str, convert: Any = str) -> Any:
+        if flag is not None:
+            return flag
+        value = env.get(_ENV_PREFIX + env_name)
+        return convert(value) if value is not None else None
+
+    for key, flag, env_name, convert in (
+        ("host", args.host, "HOST", str),
+        ("port", args.port, "PORT", int),
+        ("workers", args.workers, "WORKERS", int),
+        ("redis", args.redis, "REDIS", str),
+        ("store_timeout", args.store_timeout, "STORE_TIMEOUT", float),
+        ("health_interval", args.health_interval, "HEALTH_INTERVAL", float),
+        ("log_level", args.log_level, "LOG_LEVEL", str),
+    ):
+        value = pick(flag, env_name, convert)
+        if value is not None:
+            router[key] = value
+    if args.expose_path_header or env.get(_ENV_PREFIX + "EXPOSE_PATH_HEADER") == "1":
+        router["expose_path_header"] = True
+    timeouts = dict(router.get("timeouts", {}))
+    for key, value in (("prefill", args.prefill_timeout), ("first_byte", args.first_byte_timeout)):
+        if value is not None:
+            timeouts[key] = value
+    router["timeouts"] = timeouts
+
+    prefill = args.prefill or _env_list(env.get(_ENV_PREFIX + "PREFILL"))
+    decode = args.decode or _env_list(env.get(_ENV_PREFIX + "DECODE"))
+    if prefill is not None or decode is not None:
+        if len(models) > 1:
+            raise ConfigError("--prefill/--decode apply to a single model; the file has several")
+        model = models[0] if models else {}
+        if prefill is not None:
+            model["prefill"] = [{"url": u} for u in prefill]
+        if decode is not None:
+            model["decode"] = [{"url": u} for u in decode]
+        model.setdefault("prefill", [])
+        models = [model]
+    for model in models:
+        overrides = {
+            "name": pick(args.model, "MODEL"),
+            "block_size": pick(args.block_size, "BLOCK_SIZE", int),
+            "decoder_kv_blocks_ttl": pick(
+                args.decoder_kv_blocks_ttl, "DECODER_KV_BLOCKS_TTL", float
+            ),
+            "queue_margin": pick(args.queue_margin, "QUEUE_MARGIN", float),
+            "kv_recompute_threshold": pick(
+                args.kv_recompute_threshold, "KV_RECOMPUTE_THRESHOLD", int
+            ),
+        }
+        model.update({k: v for k, v in overrides.items() if v is not None})
+        render_url = pick(args.render, "RENDER")
+        if render_url is not None:
+            model["render"] = {"backend": "server", "url": render_url}
+        elif args.render_local is not None:
+            model["render"] = {"backend": "local", "path": args.render_local or None}
+        if args.no_partial_reuse:
+            model["partial_reuse"] = False
+        if args.no_reuse:
+            model["reuse"] = False
+        if args.no_prefix_check:
+            model["prefix_check"] = False
+    router["models"] = models
+    try:
+        return msgspec.convert(router, RouterConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _serve(argv: Sequence[str]) -> None:
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+
+    from router.asgi import CONFIG_ENV
+
+    config = load_config(argv)
+    os.environ[CONFIG_ENV] = msgspec.json.encode(config).decode()
+    Granian(
+        "router.asgi:build",
+        factory=True,
+        address=config.host,
+        port=config.port,
+        interface=Interfaces.ASGI,
+        workers=config.workers,
+        loop=Loops.uvloop,
+        log_access=False,
+        log_level=config.log_level,  # type: ignore[arg-type]
+    ).serve()
+
+
+_USAGE = """usage: carryover COMMAND [ARGS]
+
+commands:
+  serve   run the router in front of vLLM prefill/decode instances
+  sim     run a simulated vLLM instance (same flags as vllm serve, plus --sim-*)
+  bench   multi-turn benchmark (turn-N vs turn-1 TTFT) and router overhead
+  demo    simulated engines + router + in-process state: a turn-by-turn TTFT report
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_USAGE)
+        return
+    command, rest = args[0], args[1:]
+    try:
+        if command == "serve":
+            _serve(rest)
+        elif command == "sim":
+            from bench.sim.cli import main as sim_main
+
+            sim_main(rest)
+        elif command == "bench":
+            from bench.cli import main as bench_main
+
+            bench_main(rest)
+        elif command == "demo":
+            from bench.demo import main as demo_main
+
+            demo_main(rest)
+        else:
+            print(_USAGE, file=sys.stderr)
+            raise SystemExit(2)
+    except ConfigError as exc:
+        print(f"carryover: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc

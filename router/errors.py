@@ -1,0 +1,130 @@
+"""The router's exceptions, and the one place they become OpenAI-shaped error bodies.
+
+    CarryoverError
+    ├── ClientError (4xx)
+    │   ├── BadRequest            400
+    │   ├── KvParamsRefused       400  client-sent kv_transfer_params would read other users' KV
+    │   ├── BadConversationId     400
+    │   ├── Unauthorized          401
+    │   ├── Forbidden             403
+    │   ├── ModelNotFound         404
+    │   └── BodyTooLarge          413
+    └── UpstreamError (5xx)
+        ├── EngineUnavailable     503  no healthy instance for a leg
+        ├── EngineFailed          502  an instance answered with an error or broke off
+        └── EngineTimeout         504
+
+Store failures are not here: ``state.StoreUnavailable`` never reaches a client (the turn is
+served cold). httpx errors are mapped in ``router.upstream`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "BadConversationId",
+    "BadRequest",
+    "BodyTooLarge",
+    "CarryoverError",
+    "ClientError",
+    "EngineFailed",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "Forbidden",
+    "KvParamsRefused",
+    "ModelNotFound",
+    "Unauthorized",
+    "UpstreamError",
+    "error_body",
+]
+
+
+class CarryoverError(Exception):
+    status_code = 500
+    error_type = "InternalServerError"
+    param: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if param is not None:
+            self.param = param
+
+
+class ClientError(CarryoverError):
+    status_code = 400
+    error_type = "BadRequestError"
+
+
+class BadRequest(ClientError):
+    pass
+
+
+class KvParamsRefused(ClientError):
+    param = "kv_transfer_params"
+
+
+class BadConversationId(ClientError):
+    param = "conversation_id"
+
+
+class Unauthorized(ClientError):
+    status_code = 401
+    error_type = "AuthenticationError"
+
+
+class Forbidden(ClientError):
+    status_code = 403
+    error_type = "PermissionDeniedError"
+
+
+class ModelNotFound(ClientError):
+    status_code = 404
+    error_type = "NotFoundError"
+    param = "model"
+
+
+class BodyTooLarge(ClientError):
+    status_code = 413
+    error_type = "RequestTooLargeError"
+
+
+class UpstreamError(CarryoverError):
+    status_code = 502
+    error_type = "BadGatewayError"
+
+
+class EngineUnavailable(UpstreamError):
+    status_code = 503
+    error_type = "ServiceUnavailableError"
+
+
+class EngineFailed(UpstreamError):
+    """An engine answered with an error status, or broke off. ``status`` is the engine's."""
+
+    def __init__(self, message: str, *, status: int | None = None, body: Any = None) -> None:
+        super().__init__(message)
+        self.upstream_status = status
+        self.upstream_body = body
+        # An engine's own 4xx (bad sampling params, context too long) is the client's error.
+        if status is not None and 400 <= status < 500:
+            self.status_code = status
+            self.error_type = "BadRequestError"
+
+
+class EngineTimeout(UpstreamError):
+    status_code = 504
+    error_type = "GatewayTimeoutError"
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_body(status: int, message: str, error_type: str, param: str | None = None) -> bytes:
+    """OpenAI's error shape (as vLLM sends it)."""
+    return _encoder.encode(
+        {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+    )

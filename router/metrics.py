@@ -1,0 +1,103 @@
+"""The router's Prometheus metrics (names documented in README's Operations section)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+__all__ = ["RouterMetrics", "turn_bucket"]
+
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def turn_bucket(turn: int) -> str:
+    """Turn index as a bounded label: 1, 2, 3-5, 6-10, 11-20, 21+."""
+    if turn <= 2:
+        return str(max(turn, 1))
+    for high, label in ((5, "3-5"), (10, "6-10"), (20, "11-20")):
+        if turn <= high:
+            return label
+    return "21+"
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # the _created series only double the scrape
+        r = self.registry = CollectorRegistry()
+        self.turns = Counter(
+            "carryover_turns", "Turns by model and path.", ["model", "path"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "carryover_prompt_tokens",
+            "Prompt tokens by how P got them.",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "carryover_ttft_seconds",
+            "Time to first streamed byte, by turn index.",
+            ["turn"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "carryover_request_seconds",
+            "Whole request time.",
+            ["stream"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.legs = Histogram(
+            "carryover_leg_seconds",
+            "Time of each step of a turn.",
+            ["leg"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "carryover_store_errors", "Store calls that failed.", ["op"], registry=r
+        )
+        self.retries = Counter(
+            "carryover_retries", "Upstream retries by cause.", ["cause"], registry=r
+        )
+        self.releases = Counter(
+            "carryover_handles_released",
+            "Handles released to D without reuse.",
+            ["cause"],
+            registry=r,
+        )
+        self.no_handle = Counter(
+            "carryover_turns_without_handle",
+            "Finished turns that left no handle.",
+            ["cause"],
+            registry=r,
+        )
+        self.up = Gauge(
+            "carryover_instance_up",
+            "1 if the instance answers health checks.",
+            ["instance", "role"],
+            registry=r,
+        )
+        self.breaker_open = Gauge(
+            "carryover_breaker_open",
+            "1 if the instance's circuit is open or half-open.",
+            ["instance"],
+            registry=r,
+        )
+        self.in_flight = Gauge("carryover_in_flight", "Requests in flight.", registry=r)
+
+    def instance_up(self, name: str, role: str, up: bool) -> None:
+        self.up.labels(name, role).set(1 if up else 0)
+
+    def breaker(self, name: str, state: str) -> None:
+        self.breaker_open.labels(name).set(0 if state == "closed" else 1)
+
+    def render(self) -> bytes:
+        data: bytes = generate_latest(self.registry)
+        return data

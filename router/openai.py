@@ -1,0 +1,86 @@
+"""Typed views of the OpenAI request fields the router reads. Everything else in the body
+passes through to the engines untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from router.errors import BadRequest, KvParamsRefused
+
+__all__ = ["ChatView", "CompletionView", "parse_body"]
+
+MAX_TOKENS_LIMIT = 10_000_000
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_decoder = msgspec.json.Decoder()
+
+
+class _Common(msgspec.Struct):
+    model: str | None = None
+    stream: bool | None = False
+    max_tokens: int | None = None
+    n: int | None = None
+    return_token_ids: bool | None = None
+    conversation_id: str | None = None
+    stream_options: dict[str, Any] | None = None
+
+
+class ChatView(_Common):
+    messages: list[dict[str, Any]] = []
+    max_completion_tokens: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionView(_Common):
+    prompt: str | list[int] | None = None
+    echo: bool | None = None
+
+
+def parse_body(
+    raw: bytes, *, chat: bool, max_messages: int
+) -> tuple[dict[str, Any], ChatView | CompletionView]:
+    """Decode and validate a request body; 400 with msgspec's message on anything malformed."""
+    try:
+        body = _decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if "kv_transfer_params" in body:
+        raise KvParamsRefused(
+            "kv_transfer_params are set by the router; a client may not send them"
+        )
+    view_type: type[ChatView] | type[CompletionView] = ChatView if chat else CompletionView
+    try:
+        view = msgspec.convert(body, view_type)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(str(exc)) from exc
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = getattr(view, name, None)
+        if value is not None and not 1 <= value <= MAX_TOKENS_LIMIT:
+            raise BadRequest(f"{name} must be between 1 and {MAX_TOKENS_LIMIT}", param=name)
+    if view.n not in (None, 1):
+        raise BadRequest("only n=1 is supported", param="n")
+    if isinstance(view, ChatView):
+        if not view.messages:
+            raise BadRequest("messages must be a non-empty list", param="messages")
+        if len(view.messages) > max_messages:
+            raise BadRequest(f"at most {max_messages} messages are accepted", param="messages")
+        for message in view.messages:
+            role = message.get("role")
+            if role not in _ROLES:
+                raise BadRequest(f"unknown message role {role!r}", param="messages")
+            content = message.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise BadRequest(
+                    "message content must be a string, a list of parts or null", param="messages"
+                )
+    else:
+        if view.prompt is None or view.prompt == "" or view.prompt == []:
+            raise BadRequest(
+                "prompt must be a non-empty string or list of token ids", param="prompt"
+            )
+        if isinstance(view.prompt, list) and any(t < 0 for t in view.prompt):
+            raise BadRequest("token ids must be non-negative", param="prompt")
+    return body, view

@@ -1,0 +1,285 @@
+"""The instances behind the router: health, load, circuit breakers and restart epochs.
+
+Load and health may be a second stale; that costs balance, never correctness (a stale epoch
+only means P answers a fast 500 and the turn is retried cold).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from router.config import InstanceConfig, ModelConfig, RouterConfig
+from router.errors import UpstreamError
+from router.metrics import RouterMetrics
+from router.upstream import Upstream
+from state import Store, StoreUnavailable
+
+__all__ = ["Breaker", "Instance", "InstancePool"]
+
+log = logging.getLogger("carryover.pool")
+
+_GAUGES = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "process_start_time_seconds",
+)
+
+
+@dataclass
+class Breaker:
+    """Opens after ``threshold`` consecutive failures; after ``reset`` seconds lets one trial
+    request through (half-open); a success closes it."""
+
+    threshold: int
+    reset: float
+    failures: int = 0
+    opened_at: float | None = None
+    trial_in_flight: bool = False
+
+    def allows(self, now: float) -> bool:
+        if self.opened_at is None:
+            return True
+        return now - self.opened_at >= self.reset and not self.trial_in_flight
+
+    @property
+    def state(self) -> str:
+        if self.opened_at is None:
+            return "closed"
+        return "half_open" if self.trial_in_flight else "open"
+
+    def success(self) -> None:
+        self.failures = 0
+        self.opened_at = None
+        self.trial_in_flight = False
+
+    def failure(self, now: float) -> None:
+        self.failures += 1
+        self.trial_in_flight = False
+        if self.failures >= self.threshold:
+            self.opened_at = now
+
+
+@dataclass(eq=False)
+class Instance:
+    config: InstanceConfig
+    role: str  # "prefill" | "decode"
+    model: ModelConfig
+    breaker: Breaker
+    healthy: bool = True
+    ever_healthy: bool = False
+    draining: bool = False
+    in_flight: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    start_time: float | None = None
+    version: str | None = None
+    epoch: int = 0
+    down_since: float | None = field(default=None)
+
+    @property
+    def name(self) -> str:
+        return self.config.label
+
+    @property
+    def url(self) -> str:
+        return self.config.url.rstrip("/")
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size or self.model.block_size
+
+    def available(self, now: float) -> bool:
+        return self.healthy and not self.draining and self.breaker.allows(now)
+
+    def load(self) -> float:
+        """Requests this router has in flight there plus what the engine reports queued, with
+        KV pressure as a tie-breaker."""
+        return self.in_flight + self.waiting + self.kv_usage
+
+
+def _parse_gauges(text: str) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end < 0:
+            continue
+        name = line[:name_end]
+        if name in _GAUGES:
+            try:
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return values
+
+
+class InstancePool:
+    def __init__(
+        self, config: RouterConfig, upstream: Upstream, store: Store, metrics: RouterMetrics
+    ) -> None:
+        self._config = config
+        self._upstream = upstream
+        self._store = store
+        self._metrics = metrics
+        self.instances: list[Instance] = []
+        for model in config.models:
+            for role, group in (("prefill", model.prefill), ("decode", model.decode)):
+                for item in group:
+                    breaker = Breaker(config.breaker_failures, config.breaker_reset)
+                    self.instances.append(Instance(item, role, model, breaker))
+        self.by_name = {i.name: i for i in self.instances}
+        self._task: asyncio.Task[None] | None = None
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def members(self, model: ModelConfig, role: str) -> list[Instance]:
+        return [i for i in self.instances if i.model is model and i.role == role]
+
+    def available(
+        self, model: ModelConfig, role: str, exclude: Iterable[Instance] = ()
+    ) -> list[Instance]:
+        now = time.monotonic()
+        skip = set(exclude)
+        return [i for i in self.members(model, role) if i not in skip and i.available(now)]
+
+    def epoch_of(self, name: str) -> int | None:
+        instance = self.by_name.get(name)
+        return instance.epoch if instance is not None else None
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        return any(
+            any(i.available(now) for i in self.members(m, "prefill"))
+            and any(i.available(now) for i in self.members(m, "decode"))
+            for m in self._config.models
+        )
+
+    # -- outcomes of real requests feed the breaker ------------------------------------------
+
+    def succeeded(self, instance: Instance) -> None:
+        instance.breaker.success()
+        self._metrics.breaker(instance.name, instance.breaker.state)
+
+    def failed(self, instance: Instance, error: UpstreamError) -> None:
+        instance.breaker.failure(time.monotonic())
+        self._metrics.breaker(instance.name, instance.breaker.state)
+        log.warning("instance %s failed: %s", instance.name, error.message)
+
+    # -- background probing ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.refresh_epochs()
+        await self.probe_all()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.health_interval)
+            try:
+                await self.refresh_epochs()
+                await self.probe_all()
+            except Exception:  # a probe bug must not stop health checking
+                log.exception("health loop iteration failed")
+
+    async def refresh_epochs(self) -> None:
+        """Epochs bumped by other router replicas (one MGET)."""
+        names = [i.name for i in self.instances if i.role == "decode"]
+        try:
+            epochs = await self._store.epochs(names)
+        except StoreUnavailable:
+            return
+        for name, value in epochs.items():
+            instance = self.by_name[name]
+            instance.epoch = max(instance.epoch, value)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(i) for i in self.instances))
+
+    async def _probe(self, instance: Instance) -> None:
+        timeout = self._config.timeouts.health
+        try:
+            response = await self._upstream.get(f"{instance.url}/health", timeout=timeout)
+            ok = response.status_code == 200
+        except UpstreamError:
+            ok = False
+        if not ok:
+            if instance.healthy:
+                log.warning("instance %s is down", instance.name)
+            instance.healthy = False
+            instance.down_since = instance.down_since or time.monotonic()
+            self._metrics.instance_up(instance.name, instance.role, False)
+            return
+        restarted = not instance.healthy and instance.ever_healthy
+        try:
+            metrics = await self._upstream.get(f"{instance.url}/metrics", timeout=timeout)
+            gauges = _parse_gauges(metrics.text)
+        except UpstreamError:
+            gauges = {}
+        start = gauges.get("process_start_time_seconds")
+        if start is not None and instance.start_time is not None and start != instance.start_time:
+            restarted = True
+        if start is not None:
+            instance.start_time = start
+        instance.running = gauges.get("vllm:num_requests_running", instance.running)
+        instance.waiting = gauges.get("vllm:num_requests_waiting", instance.waiting)
+        instance.kv_usage = gauges.get("vllm:kv_cache_usage_perc", instance.kv_usage)
+        if instance.version is None:
+            await self._read_version(instance)
+        if restarted and instance.role == "decode":
+            await self._bump_epoch(instance)
+        if not instance.healthy:
+            log.info("instance %s is up", instance.name)
+        instance.healthy = True
+        instance.ever_healthy = True
+        instance.down_since = None
+        self._metrics.instance_up(instance.name, instance.role, True)
+
+    async def _read_version(self, instance: Instance) -> None:
+        try:
+            response = await self._upstream.get(
+                f"{instance.url}/version", timeout=self._config.timeouts.health
+            )
+            version = response.json().get("version")
+        except (UpstreamError, ValueError, AttributeError):
+            return
+        if isinstance(version, str):
+            instance.version = version
+            if instance.role == "decode" and not streams_handles(version):
+                log.warning(
+                    "decode instance %s runs vLLM %s: streamed turns return no handle there "
+                    "(its blocks stay pinned for decoder_kv_blocks_ttl); use vLLM >= 0.33.0",
+                    instance.name,
+                    version,
+                )
+
+    async def _bump_epoch(self, instance: Instance) -> None:
+        """Records made before this restart name blocks that are gone."""
+        log.warning("decode instance %s restarted: its stored handles are stale", instance.name)
+        try:
+            instance.epoch = await self._store.bump_epoch(instance.name)
+        except StoreUnavailable:
+            instance.epoch += 1  # local view at least; other replicas detect it themselves
+
+
+def streams_handles(version: str) -> bool:
+    """vLLM returns D's handle on streamed responses from 0.33.0 on (§1.1)."""
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return True
+    return (major, minor) >= (0, 33)

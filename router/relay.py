@@ -1,0 +1,83 @@
+"""What passes from D to the client: internal fields stripped, ids collected on the way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from router.errors import EngineFailed
+
+__all__ = ["DecodeOutput", "strip_response"]
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+class DecodeOutput:
+    """Collects what the router needs from D's answer (prompt ids, output ids, handle) while
+    removing it from what the client sees, unless the client asked for token ids."""
+
+    def __init__(self, *, client_wants_ids: bool) -> None:
+        self.client_wants_ids = client_wants_ids
+        self.prompt_ids: list[int] | None = None
+        self.output_ids: list[int] = []
+        self.handle: Any = None
+        self.finish_reason: str | None = None
+        self.stop_reason: Any = None
+        self.saw_content = False
+
+    def _take(self, obj: dict[str, Any]) -> None:
+        if "kv_transfer_params" in obj:
+            handle = obj.pop("kv_transfer_params")
+            if handle is not None:
+                self.handle = handle
+        prompt_ids = obj.get("prompt_token_ids")
+        if isinstance(prompt_ids, list) and self.prompt_ids is None:
+            self.prompt_ids = prompt_ids
+        if not self.client_wants_ids:
+            obj.pop("prompt_token_ids", None)
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                self.output_ids.extend(ids)
+                self.saw_content = True
+            choice_prompt = choice.get("prompt_token_ids")
+            if isinstance(choice_prompt, list) and self.prompt_ids is None:
+                self.prompt_ids = choice_prompt
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+            if not self.client_wants_ids:
+                choice.pop("token_ids", None)
+                choice.pop("prompt_token_ids", None)
+
+    def chunk(self, data: str) -> bytes:
+        """One SSE ``data:`` payload from D, as the client gets it."""
+        try:
+            obj = _decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            raise EngineFailed("decode instance sent a malformed stream chunk") from exc
+        if not isinstance(obj, dict):
+            raise EngineFailed("decode instance sent a malformed stream chunk")
+        if "error" in obj and not obj.get("choices"):
+            error = obj["error"] if isinstance(obj["error"], dict) else {}
+            raise EngineFailed(str(error.get("message") or "decode instance failed mid-stream"))
+        self._take(obj)
+        return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+    def body(self, obj: dict[str, Any]) -> bytes:
+        """A non-streamed D answer, as the client gets it."""
+        self._take(obj)
+        return _encoder.encode(obj)
+
+
+def strip_response(obj: dict[str, Any]) -> dict[str, Any]:
+    """Remove every engine-internal field from an arbitrary engine answer."""
+    obj.pop("kv_transfer_params", None)
+    return obj

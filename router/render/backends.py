@@ -1,0 +1,133 @@
+"""Where prompt token ids come from: the P instance's ``/tokenize`` (default), vLLM's render
+server, or a tokenizer and chat template in this process (run in a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Protocol
+
+from router.config import RenderConfig
+from router.errors import ClientError, EngineFailed, UpstreamError
+from router.render.chat_template import ChatTemplate, RenderInputError, bundled_qwen3_dir
+from router.upstream import Upstream
+
+__all__ = ["RenderFailed", "Renderer", "make_renderer"]
+
+# Fields of a chat request that change what the template renders.
+_TEMPLATE_FIELDS = (
+    "messages",
+    "tools",
+    "chat_template",
+    "chat_template_kwargs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "documents",
+)
+
+
+class RenderFailed(Exception):
+    """The backend could not render (unreachable, or an answer without ids)."""
+
+
+def _ids(value: Any) -> list[int]:
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+    ):
+        return value
+    raise RenderFailed("render backend answered without token ids")
+
+
+class Renderer(Protocol):
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        """Token ids of a chat request's prompt. ``engine_url``: a P instance to ask, if any."""
+        ...
+
+    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]: ...
+
+
+class EngineTokenize:
+    def __init__(self, upstream: Upstream, timeout: float) -> None:
+        self._upstream = upstream
+        self._timeout = timeout
+
+    async def _post(self, url: str | None, body: dict[str, Any]) -> list[int]:
+        if url is None:
+            raise RenderFailed("no prefill instance to tokenize with")
+        try:
+            answer = await self._upstream.post_json(f"{url}/tokenize", body, timeout=self._timeout)
+        except EngineFailed as exc:
+            if exc.upstream_status is not None and 400 <= exc.upstream_status < 500:
+                raise ClientError(exc.message) from exc
+            raise RenderFailed(exc.message) from exc
+        except UpstreamError as exc:
+            raise RenderFailed(exc.message) from exc
+        return _ids(answer.get("tokens") if isinstance(answer, dict) else None)
+
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        request = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
+        request.setdefault("add_generation_prompt", True)
+        request["model"] = model
+        return await self._post(engine_url, request)
+
+    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+        return await self._post(engine_url, {"model": model, "prompt": prompt})
+
+
+class RenderServer(EngineTokenize):
+    """vLLM's ``/v1/chat/completions/render`` (a ``vllm launch render`` server, §4.2)."""
+
+    def __init__(self, upstream: Upstream, url: str, timeout: float) -> None:
+        super().__init__(upstream, timeout)
+        self._url = url.rstrip("/")
+
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        request = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
+        request["model"] = model
+        try:
+            answer = await self._upstream.post_json(
+                f"{self._url}/v1/chat/completions/render", request, timeout=self._timeout
+            )
+        except EngineFailed as exc:
+            if exc.upstream_status is not None and 400 <= exc.upstream_status < 500:
+                raise ClientError(exc.message) from exc
+            raise RenderFailed(exc.message) from exc
+        except UpstreamError as exc:
+            raise RenderFailed(exc.message) from exc
+        return _ids(answer.get("token_ids") if isinstance(answer, dict) else None)
+
+    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+        return await super().text(prompt, model, self._url)
+
+
+class LocalRenderer:
+    def __init__(self, folder: Path) -> None:
+        self._template = ChatTemplate(folder)
+
+    def _render(self, body: dict[str, Any]) -> list[int]:
+        try:
+            return self._template.render(
+                body["messages"],
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                tools=body.get("tools"),
+                chat_template_kwargs=body.get("chat_template_kwargs") or {},
+            )
+        except RenderInputError as exc:
+            raise ClientError(str(exc)) from exc
+
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        return await asyncio.to_thread(self._render, body)
+
+    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+        return await asyncio.to_thread(self._template.encode, prompt)
+
+
+def make_renderer(config: RenderConfig, upstream: Upstream) -> Renderer:
+    if config.backend == "server":
+        assert config.url is not None
+        return RenderServer(upstream, config.url, config.timeout)
+    if config.backend == "local":
+        return LocalRenderer(Path(config.path) if config.path else bundled_qwen3_dir())
+    return EngineTokenize(upstream, config.timeout)

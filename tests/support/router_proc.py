@@ -1,0 +1,77 @@
+"""``carryover serve`` as a real subprocess on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from tests.support.ports import free_port
+
+
+class RouterProcess:
+    def __init__(self, args: Sequence[str], log_dir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.args = [*args, "--port", str(self.port), "--expose-path-header"]
+        self.log_path = log_dir / f"router-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "router", "serve", *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    async def start(self, timeout: float = 30.0, *, ready: bool = True) -> None:
+        """Launch and wait (without blocking the loop: in-process engines must answer probes)
+        until ``/ready`` (or ``/health``) answers 200."""
+        self.launch()
+        assert self.process is not None
+        probe = "/ready" if ready else "/health"
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=0.5) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"router exited: {self.log_path.read_text()[-2000:]}")
+                try:
+                    if (await client.get(f"{self.url}{probe}")).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise RuntimeError(f"router did not start: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def log(self) -> str:
+        return self.log_path.read_text()

@@ -1,0 +1,208 @@
+"""A router subprocess in front of in-process simulated engines, plus a reference engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.sim.server import SimServer
+from tests.support.router_proc import RouterProcess
+from tests.support.sims import MODEL, running, sim_config
+
+
+@dataclass
+class Stack:
+    prefill: list[SimServer]
+    decode: list[SimServer]
+    reference: SimServer
+    routers: list[RouterProcess]
+    client: httpx.AsyncClient
+    log_dir: Path
+
+    @property
+    def router(self) -> RouterProcess:
+        return self.routers[0]
+
+
+def router_args(prefill: list[SimServer], decode: list[SimServer], *extra: str) -> list[str]:
+    args: list[str] = []
+    for p in prefill:
+        args += ["--prefill", p.url]
+    for d in decode:
+        args += ["--decode", d.url]
+    return [*args, "--health-interval", "0.2", *extra]
+
+
+@asynccontextmanager
+async def stack(
+    log_dir: Path,
+    *,
+    prefills: int = 1,
+    decodes: int = 1,
+    routers: int = 1,
+    router_flags: tuple[str, ...] = (),
+    sim: dict[str, Any] | None = None,
+    p_sim: dict[str, Any] | None = None,
+    d_sim: dict[str, Any] | None = None,
+) -> AsyncIterator[Stack]:
+    common = sim or {}
+    async with AsyncExitStack() as exits:
+        p_list = [
+            await exits.enter_async_context(
+                running(sim_config("kv_producer", **{**common, **(p_sim or {})}))
+            )
+            for _ in range(prefills)
+        ]
+        d_list = [
+            await exits.enter_async_context(
+                running(sim_config("kv_consumer", **{**common, **(d_sim or {})}))
+            )
+            for _ in range(decodes)
+        ]
+        reference = await exits.enter_async_context(running(sim_config(None, **common)))
+        procs = [
+            RouterProcess(router_args(p_list, d_list, *router_flags), log_dir)
+            for _ in range(routers)
+        ]
+        for proc in procs:
+            exits.callback(proc.stop)
+            await proc.start()
+        client = await exits.enter_async_context(httpx.AsyncClient(timeout=30))
+        yield Stack(p_list, d_list, reference, procs, client, log_dir)
+
+
+@dataclass
+class TurnResult:
+    status: int
+    path: str | None
+    content: str
+    token_ids: list[int]
+    body: dict[str, Any]
+    chunks: list[Any] = field(default_factory=list)
+    raw: str = ""
+
+
+async def chat_turn(
+    client: httpx.AsyncClient,
+    url: str,
+    messages: list[dict[str, Any]],
+    *,
+    stream: bool = False,
+    conversation_id: str | None = None,
+    header_id: str | None = None,
+    max_tokens: int = 40,
+    **extra: Any,
+) -> TurnResult:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }
+    if conversation_id is not None:
+        body["conversation_id"] = conversation_id
+    headers = {"X-Conversation-ID": header_id} if header_id else {}
+    return await _send(client, f"{url}/v1/chat/completions", body, headers, chat=True)
+
+
+async def completion_turn(
+    client: httpx.AsyncClient,
+    url: str,
+    prompt: Any,
+    *,
+    stream: bool = False,
+    conversation_id: str | None = None,
+    max_tokens: int = 40,
+    **extra: Any,
+) -> TurnResult:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }
+    if conversation_id is not None:
+        body["conversation_id"] = conversation_id
+    return await _send(client, f"{url}/v1/completions", body, {}, chat=False)
+
+
+async def _send(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    *,
+    chat: bool,
+) -> TurnResult:
+    if not body.get("stream"):
+        r = await client.post(url, json=body, headers=headers)
+        data = r.json()
+        if r.status_code != 200:
+            return TurnResult(
+                r.status_code, r.headers.get("x-carryover-path"), "", [], data, raw=r.text
+            )
+        choice = data["choices"][0]
+        content = choice["message"]["content"] if chat else choice["text"]
+        return TurnResult(
+            200,
+            r.headers.get("x-carryover-path"),
+            content,
+            choice.get("token_ids") or [],
+            data,
+            raw=r.text,
+        )
+    chunks: list[Any] = []
+    content = ""
+    ids: list[int] = []
+    raw = ""
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        if r.status_code != 200:
+            text = (await r.aread()).decode()
+            return TurnResult(
+                r.status_code, r.headers.get("x-carryover-path"), "", [], json.loads(text), raw=text
+            )
+        async for line in r.aiter_lines():
+            raw += line + "\n"
+            if not line.startswith("data: "):
+                continue
+            payload = line[6:]
+            if payload == "[DONE]":
+                chunks.append(payload)
+                continue
+            obj = json.loads(payload)
+            chunks.append(obj)
+            for choice in obj.get("choices", []):
+                if chat:
+                    content += choice.get("delta", {}).get("content") or ""
+                else:
+                    content += choice.get("text") or ""
+                ids += choice.get("token_ids") or []
+        path = r.headers.get("x-carryover-path")
+    return TurnResult(200, path, content, ids, {}, chunks, raw)
+
+
+async def reference_chat(
+    stack: Stack, messages: list[dict[str, Any]], max_tokens: int = 40, **extra: Any
+) -> TurnResult:
+    return await chat_turn(
+        stack.client, stack.reference.url, messages, max_tokens=max_tokens, **extra
+    )
+
+
+async def p_pulled(stack: Stack) -> float:
+    """Tokens every P pulled from D so far (vLLM's own counter)."""
+    from tests.support.metrics import ascrape
+
+    total = 0.0
+    for p in stack.prefill:
+        values = await ascrape(stack.client, p.url)
+        total += values.get("vllm:prompt_tokens_by_source_total{source=external_kv_transfer}", 0.0)
+    return total
