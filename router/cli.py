@@ -46,6 +46,9 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-byte-timeout", type=float)
     p.add_argument("--store-timeout", type=float)
     p.add_argument("--health-interval", type=float)
+    p.add_argument("--max-body-bytes", type=int)
+    p.add_argument("--max-messages", type=int)
+    p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level")
     return p
 
@@ -83,6 +86,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         ("redis", args.redis, "REDIS", str),
         ("store_timeout", args.store_timeout, "STORE_TIMEOUT", float),
         ("health_interval", args.health_interval, "HEALTH_INTERVAL", float),
+        ("max_body_bytes", args.max_body_bytes, "MAX_BODY_BYTES", int),
+        ("max_messages", args.max_messages, "MAX_MESSAGES", int),
         ("log_level", args.log_level, "LOG_LEVEL", str),
     ):
         value = pick(flag, env_name, convert)

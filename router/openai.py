@@ -43,8 +43,10 @@ def parse_body(
     """Decode and validate a request body; 400 with msgspec's message on anything malformed."""
     try:
         body = _decoder.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:  # ValueError: invalid UTF-8
         raise BadRequest(f"invalid JSON body: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("invalid JSON body: nested too deeply") from exc
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     if "kv_transfer_params" in body:

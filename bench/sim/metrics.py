@@ -4,20 +4,29 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    disable_created_metrics,
+    generate_latest,
+)
 
 __all__ = ["EngineMetrics"]
 
 
 class EngineMetrics:
     def __init__(self, model_name: str) -> None:
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
         names = list(labels)
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(name, doc, [*names, *extra], registry=self.registry)
+            made = Counter(name, doc, [*names, *extra], registry=self.registry)
+            if not extra:
+                made.labels(**labels)  # exposed at 0 from the start, as vLLM does
+            return made
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, names, registry=self.registry)
@@ -34,6 +43,7 @@ class EngineMetrics:
         self._by_source = counter(
             "vllm:prompt_tokens_by_source", "Prompt tokens by source.", ("source",)
         )
+        self.prompt_sources(0, 0, 0)
         self._prompt = counter("vllm:prompt_tokens", "Prompt tokens processed.")
         self._generation = counter("vllm:generation_tokens", "Generation tokens produced.")
         self._success = counter(

@@ -1,0 +1,234 @@
+"""The router under engine, store and input failures: slower, never wrong, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.metrics import ascrape
+from tests.support.redis_server import RedisServer
+from tests.support.stack import Stack, chat_turn, reference_chat, stack
+
+TEXT = (
+    "Turn {i}: tell me about rivers, stones and the patient gardener in every season of the year. "
+)
+
+
+class Chat:
+    """A conversation that checks every answer against the reference engine."""
+
+    def __init__(self, s: Stack, conversation: str | None = None, url: str | None = None) -> None:
+        self.s = s
+        self.id = conversation or uuid.uuid4().hex
+        self.url = url or s.router.url
+        self.messages: list[dict[str, Any]] = []
+
+    async def turn(self, *, stream: bool = False, url: str | None = None) -> str | None:
+        self.messages.append({"role": "user", "content": TEXT.format(i=len(self.messages)) * 2})
+        got = await chat_turn(
+            self.s.client, url or self.url, self.messages, stream=stream, conversation_id=self.id
+        )
+        assert got.status == 200, got.raw
+        want = await reference_chat(self.s, self.messages)
+        assert got.content == want.content
+        self.messages.append({"role": "assistant", "content": got.content})
+        return got.path
+
+
+async def router_counter(s: Stack, name: str) -> float:
+    return (await ascrape(s.client, s.router.url)).get(name, 0.0)
+
+
+async def test_redis_down_serves_cold_then_recovers(tmp_path: Path, own_redis: RedisServer) -> None:
+    flags = ("--redis", own_redis.url, "--store-timeout", "0.1")
+    async with stack(tmp_path, router_flags=flags, sim={"threshold": 16}) as s:
+        chat = Chat(s)
+        assert [await chat.turn(), await chat.turn()] == ["cold-miss", "reuse"]
+        own_redis.kill()
+        assert await chat.turn() == "cold-error"
+        assert await chat.turn(stream=True) == "cold-error"
+        assert await router_counter(s, "carryover_store_errors_total{op=claim}") >= 2
+        own_redis.start()
+        assert await chat.turn() == "cold-miss"  # a fresh, empty Redis
+        assert await chat.turn() == "reuse"
+
+
+async def test_prefill_500_with_a_handle_is_retried_cold(tmp_path: Path) -> None:
+    # D's real TTL (5.6 s) is shorter than the router believes (480 s): after 0.7 s P declines
+    # the read with a 500, as vLLM does for an expired handle.
+    async with stack(tmp_path, sim={"threshold": 16}, d_sim={"ttl": 5.6}) as s:
+        chat = Chat(s)
+        assert await chat.turn() == "cold-miss"
+        await asyncio.sleep(0.7)
+        assert await chat.turn() == "cold-error"
+        assert (
+            await router_counter(s, "carryover_retries_total{cause=prefill_handle_rejected}") == 1
+        )
+        assert await chat.turn() == "reuse"
+
+
+async def test_decode_killed_before_first_byte_is_retried(tmp_path: Path) -> None:
+    # The router still believes D0 is healthy (slow health checks): requests sent there fail
+    # to connect and run again on D1 with a fresh cold P leg.
+    async with stack(tmp_path, decodes=2, router_flags=("--health-interval", "60")) as s:
+        await s.decode[0].stop()
+        for i in range(20):
+            chat = Chat(s, f"kill-{i}")
+            await chat.turn(stream=bool(i % 2))
+        assert await router_counter(s, "carryover_retries_total{cause=decode_failed}") >= 1
+
+
+async def test_decode_breaking_mid_stream_gives_an_error_event(tmp_path: Path) -> None:
+    async with stack(tmp_path) as s:
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"drop_stream_after": 3})
+        got = await chat_turn(
+            s.client,
+            s.router.url,
+            [{"role": "user", "content": TEXT}],
+            stream=True,
+            conversation_id="cut",
+        )
+        assert got.status == 200
+        assert got.chunks[-1] == "[DONE]"
+        assert "error" in got.chunks[-2]
+
+
+async def test_expired_record_is_cold(tmp_path: Path) -> None:
+    flags = ("--decoder-kv-blocks-ttl", "6", "--queue-margin", "0.5")
+    async with stack(tmp_path, router_flags=flags, sim={"threshold": 16}) as s:
+        chat = Chat(s)
+        await chat.turn()
+        await asyncio.sleep(0.7)
+        # The store dropped the record at its expiry (PX in Redis): the turn is a plain miss and
+        # the stale handle never reaches P.
+        assert await chat.turn() == "cold-miss"
+        assert (await ascrape(s.client, s.prefill[0].url))["vllm:nixl_num_failed_transfers_total"] == 0
+        assert await chat.turn() == "reuse"
+
+
+async def test_restarted_decode_makes_records_stale(tmp_path: Path) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        chat = Chat(s)
+        await chat.turn()
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"restart": True})
+        await asyncio.sleep(0.8)  # a few health probes
+        assert await chat.turn() == "cold-expired"
+        assert await chat.turn() == "reuse"
+
+
+async def test_no_prefill_decode_serves_alone_and_keeps_reuse(tmp_path: Path) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        chat = Chat(s)
+        await chat.turn()
+        await s.prefill[0].stop()
+        await asyncio.sleep(0.6)
+        await chat.turn()  # served by D alone; D still returns a handle
+        await s.prefill[0].start()
+        await asyncio.sleep(0.6)
+        assert await chat.turn() == "reuse"
+
+
+async def test_no_decode_is_a_clean_503(tmp_path: Path) -> None:
+    async with stack(tmp_path) as s:
+        await s.decode[0].stop()
+        await asyncio.sleep(0.6)
+        for stream in (False, True):
+            got = await chat_turn(
+                s.client, s.router.url, [{"role": "user", "content": "hi"}], stream=stream
+            )
+            assert got.status == 503 and got.body["error"]["code"] == 503
+        assert (await s.client.get(s.router.url + "/ready")).status_code == 503
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "kv_transfer_params": {"remote_block_ids": [[1]]},
+            },
+            400,
+            "kv_transfer_params",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "conversation_id": "has space"},
+            400,
+            "conversation_id",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "conversation_id": "x" * 257},
+            400,
+            "conversation_id",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "model": "nope"}, 404, "model"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": "hello"}, 400, None),
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}] * 20}, 400, "messages"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "temperature": 0.9},
+            400,
+            None,
+        ),  # the engine's 400
+    ],
+)
+async def test_bad_bodies_get_openai_errors(
+    tmp_path: Path, body: dict[str, Any], status: int, param: str | None, bad_input_stack: Stack
+) -> None:
+    s = bad_input_stack
+    r = await s.client.post(
+        s.router.url + "/v1/chat/completions", json={"model": "sim-qwen3", **body}
+    )
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == status and error["message"]
+    if param is not None:
+        assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"{not json", 400),
+        (b"[1, 2]", 400),
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400),
+        (b"[" * 30_000 + b"]" * 30_000, 400),
+        (b"{" + b'"a": "' + b"x" * 70_000 + b'"}', 413),
+    ],
+)
+async def test_malformed_bytes_get_openai_errors(
+    raw: bytes, status: int, bad_input_stack: Stack
+) -> None:
+    s = bad_input_stack
+    r = await s.client.post(
+        s.router.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == status
+
+
+async def test_unknown_route_is_an_openai_404(bad_input_stack: Stack) -> None:
+    r = await bad_input_stack.client.get(bad_input_stack.router.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
+
+
+@pytest.fixture(scope="module")
+def bad_input_stack_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bad-input")
+
+
+@pytest.fixture
+async def bad_input_stack(bad_input_stack_dir: Path) -> Any:
+    async with stack(
+        bad_input_stack_dir, router_flags=("--max-body-bytes", "65536", "--max-messages", "16")
+    ) as s:
+        yield s
