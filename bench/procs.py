@@ -1,0 +1,133 @@
+"""Start and stop simulated engines and routers as real processes on loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = ["Process", "Topology", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Process:
+    name: str
+    url: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGINT)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def _wait_ready(process: Process, path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.popen.poll() is not None:
+            raise RuntimeError(f"{process.name} exited:\n{process.log.read_text()[-2000:]}")
+        try:
+            if httpx.get(process.url + path, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{process.name} did not become ready:\n{process.log.read_text()[-2000:]}")
+
+
+@dataclass
+class Topology:
+    """Processes started for one benchmark or demo run; all stopped on exit."""
+
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="carryover-")))
+    processes: list[Process] = field(default_factory=list)
+
+    def _spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> Process:
+        port = int(args[args.index("--port") + 1])
+        log = self.log_dir / f"{name}.log"
+        handle = open(log, "ab")  # noqa: SIM115 - owned by the child
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "router", *args],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        )
+        process = Process(name, f"http://127.0.0.1:{port}", popen, log)
+        self.processes.append(process)
+        return process
+
+    def sim(
+        self,
+        name: str,
+        role: str | None,
+        *,
+        model: str = "sim-qwen3",
+        bidirectional: bool = True,
+        speed: float = 1.0,
+        extra: Sequence[str] = (),
+        extra_config: dict[str, Any] | None = None,
+    ) -> Process:
+        args = ["sim", model, "--port", str(free_port()), "--sim-speed", str(speed), *extra]
+        env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+        if role is not None:
+            config = {
+                "kv_connector": "NixlConnector",
+                "kv_role": role,
+                "kv_load_failure_policy": "fail",
+                "kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional, **(extra_config or {})},
+            }
+            args += ["--kv-transfer-config", json.dumps(config)]
+        return self._spawn(name, args, env)
+
+    def router(self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str) -> Process:
+        args = ["serve", "--port", str(free_port()), "--expose-path-header", "--log-level", "warning"]
+        for p in prefill:
+            args += ["--prefill", p.url]
+        for d in decode:
+            args += ["--decode", d.url]
+        return self._spawn(name, [*args, *flags])
+
+    def wait(self, timeout: float = 60.0) -> None:
+        for process in self.processes:
+            _wait_ready(process, "/health", timeout)
+        for process in self.processes:
+            if process.name.startswith("router"):
+                _wait_ready(process, "/ready", timeout)
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+
+@contextlib.contextmanager
+def topology() -> Iterator[Topology]:
+    topo = Topology()
+    try:
+        yield topo
+    finally:
+        topo.stop()

@@ -1,0 +1,190 @@
+"""Turn the timed turns of every arm into tables, ratios, goodput, a JSON file and a plot."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.runner import TurnRecord
+
+__all__ = ["Slo", "build_report", "percentile", "render_markdown", "write_report"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), ``q`` in [0, 100]."""
+    if not values:
+        raise ValueError("percentile of nothing")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+class Slo:
+    """``ttft=2000ms,itl=50ms``: a turn is good when its TTFT and its p99 ITL are within."""
+
+    def __init__(self, ttft: float | None = None, itl: float | None = None) -> None:
+        self.ttft, self.itl = ttft, itl
+
+    @classmethod
+    def parse(cls, text: str | None) -> Slo:
+        slo = cls()
+        for part in (text or "").split(","):
+            if not part:
+                continue
+            name, _, value = part.partition("=")
+            seconds = float(value.removesuffix("ms")) / 1000 if value.endswith("ms") else float(value.removesuffix("s"))
+            if name == "ttft":
+                slo.ttft = seconds
+            elif name == "itl":
+                slo.itl = seconds
+            else:
+                raise ValueError(f"unknown SLO {name!r}")
+        return slo
+
+    def met(self, record: TurnRecord) -> bool:
+        if record.status != 200 or record.error is not None or record.ttft is None:
+            return False
+        if self.ttft is not None and record.ttft > self.ttft:
+            return False
+        return not (self.itl is not None and record.itl and percentile(record.itl, 99) > self.itl)
+
+    def describe(self) -> str:
+        parts = []
+        if self.ttft is not None:
+            parts.append(f"TTFT ≤ {self.ttft * 1000:g} ms")
+        if self.itl is not None:
+            parts.append(f"p99 ITL ≤ {self.itl * 1000:g} ms")
+        return ", ".join(parts) or "none"
+
+
+def build_report(
+    records: Sequence[TurnRecord],
+    *,
+    baseline_arm: str | None,
+    slo: Slo,
+    wall_seconds: dict[str, float],
+    meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    by_arm: dict[str, list[TurnRecord]] = defaultdict(list)
+    for record in records:
+        by_arm[record.arm].append(record)
+    baseline = {(r.conversation, r.turn): r.answer for r in by_arm.get(baseline_arm or "", []) if r.error is None}
+    arms: dict[str, Any] = {}
+    for arm, rows in by_arm.items():
+        ok = [r for r in rows if r.error is None and r.status == 200 and r.ttft is not None]
+        turns: dict[int, list[float]] = defaultdict(list)
+        for r in ok:
+            assert r.ttft is not None
+            turns[r.turn].append(r.ttft)
+        per_turn = {
+            t: {"n": len(v), "ttft_p50_ms": percentile(v, 50) * 1000, "ttft_p99_ms": percentile(v, 99) * 1000}
+            for t, v in sorted(turns.items())
+        }
+        itl = [x for r in ok for x in r.itl]
+        last = max(turns) if turns else None
+        first = per_turn.get(1, {}).get("ttft_p50_ms")
+
+        def ratio(turn: int | None) -> float | None:
+            if turn is None or first in (None, 0) or turn not in per_turn:
+                return None
+            return float(per_turn[turn]["ttft_p50_ms"]) / float(first)  # type: ignore[arg-type]
+
+        differ = sum(1 for r in ok if (r.conversation, r.turn) in baseline and baseline[(r.conversation, r.turn)] != r.answer)
+        good = sum(1 for r in rows if slo.met(r))
+        arms[arm] = {
+            "turns": per_turn,
+            "ratio_turn5_turn1": ratio(5),
+            "ratio_last_turn1": ratio(last),
+            "last_turn": last,
+            "itl_p50_ms": percentile(itl, 50) * 1000 if itl else None,
+            "itl_p99_ms": percentile(itl, 99) * 1000 if itl else None,
+            "requests": len(rows),
+            "failed": len(rows) - len(ok),
+            "paths": dict(Counter(r.path or "direct" for r in rows)),
+            "answers_differing_from_baseline": differ if baseline and arm != baseline_arm else None,
+            "goodput_share": good / len(rows) if rows else 0.0,
+            "goodput_per_s": good / wall_seconds[arm] if wall_seconds.get(arm) else None,
+            "wall_seconds": wall_seconds.get(arm),
+        }
+    return {"meta": meta or {}, "slo": slo.describe(), "baseline_arm": baseline_arm, "arms": arms}
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    arms = report["arms"]
+    names = list(arms)
+    all_turns = sorted({int(t) for a in arms.values() for t in a["turns"]})
+    lines = ["# carryover multi-turn benchmark", ""]
+    meta = report.get("meta") or {}
+    if meta:
+        lines += [", ".join(f"{k}: {v}" for k, v in meta.items()), ""]
+    lines += ["## TTFT p50 / p99 by turn (ms)", ""]
+    lines.append("| turn | " + " | ".join(names) + " |")
+    lines.append("|---|" + "---|" * len(names))
+    for t in all_turns:
+        cells = []
+        for name in names:
+            row = arms[name]["turns"].get(t) or arms[name]["turns"].get(str(t))
+            cells.append(f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f}" if row else "–")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    lines += ["", "## Summary", ""]
+    lines.append("| arm | turn-5/turn-1 | turn-T/turn-1 | ITL p50 / p99 (ms) | goodput | failed | wrong answers | paths |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        a = arms[name]
+        paths = ", ".join(f"{k} {v}" for k, v in sorted(a["paths"].items()))
+        lines.append(
+            f"| {name} | {_fmt(a['ratio_turn5_turn1'], 2)} | {_fmt(a['ratio_last_turn1'], 2)} "
+            f"| {_fmt(a['itl_p50_ms'])} / {_fmt(a['itl_p99_ms'])} | {a['goodput_share'] * 100:.0f}% "
+            f"| {a['failed']}/{a['requests']} | {_fmt(a['answers_differing_from_baseline'])} | {paths} |"
+        )
+    lines += ["", f"Goodput: share of turns within the SLO ({report['slo']}).",
+              f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the same turn.", ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    for name, arm in report["arms"].items():
+        turns = sorted(int(t) for t in arm["turns"])
+        values = [(arm["turns"].get(t) or arm["turns"][str(t)])["ttft_p50_ms"] for t in turns]
+        ax.plot(turns, values, marker="o", label=name)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("TTFT p50 (ms)")
+    ax.set_title("Time to first token by turn")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(report: dict[str, Any], records: Sequence[TurnRecord], folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": folder / "report.md", "json": folder / "report.json", "plot": folder / "ttft_by_turn.png",
+             "turns": folder / "turns.jsonl"}
+    paths["markdown"].write_text(render_markdown(report))
+    paths["json"].write_text(json.dumps(report, indent=2))
+    with paths["turns"].open("w") as out:
+        for record in records:
+            out.write(json.dumps(asdict(record)) + "\n")
+    plot(report, paths["plot"])
+    return paths

@@ -1,0 +1,148 @@
+"""Drive multi-turn conversations against an OpenAI-compatible endpoint and time every turn."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+
+from bench.workload import Conversation
+
+__all__ = ["TurnRecord", "run_arm"]
+
+_decode = msgspec.json.Decoder()
+
+
+@dataclass
+class TurnRecord:
+    arm: str
+    conversation: str
+    turn: int  # 1-based
+    status: int
+    ttft: float | None  # seconds to the first generated text
+    itl: list[float] = field(default_factory=list)
+    e2e: float = 0.0
+    path: str | None = None
+    answer: str = ""
+    error: str | None = None
+
+
+class _Progress:
+    def __init__(self, label: str, total: int, enabled: bool) -> None:
+        self.label, self.total, self.done, self.enabled = label, total, 0, enabled
+
+    def step(self) -> None:
+        self.done += 1
+        if self.enabled:
+            width = 30
+            filled = int(width * self.done / max(self.total, 1))
+            bar = "#" * filled + "." * (width - filled)
+            sys.stderr.write(f"\r  {self.label:<22} [{bar}] {self.done}/{self.total}")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+async def _one_turn(
+    client: httpx.AsyncClient,
+    url: str,
+    arm: str,
+    conversation: Conversation,
+    turn: int,
+    messages: list[dict[str, Any]],
+    model: str,
+    send_conversation_id: bool,
+) -> TurnRecord:
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": conversation.output_tokens[turn],
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    if conversation.thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": True}
+    if send_conversation_id:
+        body["conversation_id"] = conversation.id
+    record = TurnRecord(arm, conversation.id, turn + 1, 0, None)
+    started = time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            record.status = response.status_code
+            record.path = response.headers.get("x-carryover-path")
+            if response.status_code != 200:
+                record.error = (await response.aread()).decode(errors="replace")[:300]
+                return record
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = _decode.decode(line[6:])
+                if "error" in chunk:
+                    record.error = str(chunk["error"])
+                    continue
+                for choice in chunk.get("choices", []):
+                    delta = choice.get("delta", {})
+                    text = delta.get("content") or ""
+                    if text or delta.get("reasoning_content"):
+                        now = time.perf_counter()
+                        if record.ttft is None:
+                            record.ttft = now - started
+                        elif last is not None:
+                            record.itl.append(now - last)
+                        last = now
+                    record.answer += text
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.e2e = time.perf_counter() - started
+    return record
+
+
+async def run_arm(
+    arm: str,
+    url: str,
+    conversations: list[Conversation],
+    *,
+    model: str,
+    send_conversation_id: bool = True,
+    progress: bool = True,
+    timeout: float = 600.0,
+) -> list[TurnRecord]:
+    total = sum(len(c.users) for c in conversations)
+    bar = _Progress(arm, total, progress)
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+    records: list[TurnRecord] = []
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+
+        async def converse(conversation: Conversation) -> None:
+            await asyncio.sleep(conversation.start_after)
+            users = list(conversation.users)
+            messages: list[dict[str, Any]] = []
+            if conversation.system:
+                messages.append({"role": "system", "content": conversation.system})
+            for turn, text in enumerate(users):
+                edited = conversation.edits.get(turn)
+                if edited is not None:
+                    # A client rewriting an earlier message: the history no longer matches.
+                    position = [i for i, m in enumerate(messages) if m["role"] == "user"][edited]
+                    messages[position] = {"role": "user", "content": "(edited) " + messages[position]["content"]}
+                messages.append({"role": "user", "content": text})
+                record = await _one_turn(client, url, arm, conversation, turn, messages, model, send_conversation_id)
+                records.append(record)
+                bar.step()
+                if record.error is not None:
+                    for _ in range(turn + 1, len(users)):
+                        bar.step()
+                    return
+                messages.append({"role": "assistant", "content": record.answer})
+                if conversation.think_ms[turn]:
+                    await asyncio.sleep(conversation.think_ms[turn] / 1000)
+
+        await asyncio.gather(*(converse(c) for c in conversations))
+    return records
