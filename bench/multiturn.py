@@ -49,13 +49,28 @@ def _run_sim_arm(
             engine = topo.sim("engine", None, speed=speed, extra=sim_flags)
             url, send_id = engine.url, False
         else:
-            ps = [topo.sim(f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags) for i in range(prefills)]
-            ds = [topo.sim(f"decode-{i}", "kv_consumer", speed=speed, extra=sim_flags) for i in range(decodes)]
+            ps = [
+                topo.sim(f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags)
+                for i in range(prefills)
+            ]
+            ds = [
+                topo.sim(f"decode-{i}", "kv_consumer", speed=speed, extra=sim_flags)
+                for i in range(decodes)
+            ]
             router = topo.router("router", ps, ds, *flags)
             url, send_id = router.url, True
         topo.wait()
         started = time.perf_counter()
-        records = asyncio.run(run_arm(arm, url, conversations, model=model, send_conversation_id=send_id, progress=progress))
+        records = asyncio.run(
+            run_arm(
+                arm,
+                url,
+                conversations,
+                model=model,
+                send_conversation_id=send_id,
+                progress=progress,
+            )
+        )
         return ArmResult(records, time.perf_counter() - started)
 
 
@@ -80,8 +95,14 @@ def run_arms(
     walls: dict[str, float] = {}
     for arm in arms:
         result = _run_sim_arm(
-            arm, conversations, prefills=prefills, decodes=decodes, speed=speed, sim_flags=sim_flags,
-            progress=progress, model=model,
+            arm,
+            conversations,
+            prefills=prefills,
+            decodes=decodes,
+            speed=speed,
+            sim_flags=sim_flags,
+            progress=progress,
+            model=model,
         )
         records += result.records
         walls[arm] = result.wall

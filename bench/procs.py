@@ -92,19 +92,34 @@ class Topology:
         extra_config: dict[str, Any] | None = None,
     ) -> Process:
         args = ["sim", model, "--port", str(free_port()), "--sim-speed", str(speed), *extra]
-        env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+        env = {
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+        }
         if role is not None:
             config = {
                 "kv_connector": "NixlConnector",
                 "kv_role": role,
                 "kv_load_failure_policy": "fail",
-                "kv_connector_extra_config": {"bidirectional_kv_xfer": bidirectional, **(extra_config or {})},
+                "kv_connector_extra_config": {
+                    "bidirectional_kv_xfer": bidirectional,
+                    **(extra_config or {}),
+                },
             }
             args += ["--kv-transfer-config", json.dumps(config)]
         return self._spawn(name, args, env)
 
-    def router(self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str) -> Process:
-        args = ["serve", "--port", str(free_port()), "--expose-path-header", "--log-level", "warning"]
+    def router(
+        self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str
+    ) -> Process:
+        args = [
+            "serve",
+            "--port",
+            str(free_port()),
+            "--expose-path-header",
+            "--log-level",
+            "warning",
+        ]
         for p in prefill:
             args += ["--prefill", p.url]
         for d in decode:

@@ -38,7 +38,11 @@ class Slo:
             if not part:
                 continue
             name, _, value = part.partition("=")
-            seconds = float(value.removesuffix("ms")) / 1000 if value.endswith("ms") else float(value.removesuffix("s"))
+            seconds = (
+                float(value.removesuffix("ms")) / 1000
+                if value.endswith("ms")
+                else float(value.removesuffix("s"))
+            )
             if name == "ttft":
                 slo.ttft = seconds
             elif name == "itl":
@@ -74,7 +78,11 @@ def build_report(
     by_arm: dict[str, list[TurnRecord]] = defaultdict(list)
     for record in records:
         by_arm[record.arm].append(record)
-    baseline = {(r.conversation, r.turn): r.answer for r in by_arm.get(baseline_arm or "", []) if r.error is None}
+    baseline = {
+        (r.conversation, r.turn): r.answer
+        for r in by_arm.get(baseline_arm or "", [])
+        if r.error is None
+    }
     arms: dict[str, Any] = {}
     for arm, rows in by_arm.items():
         ok = [r for r in rows if r.error is None and r.status == 200 and r.ttft is not None]
@@ -83,7 +91,11 @@ def build_report(
             assert r.ttft is not None
             turns[r.turn].append(r.ttft)
         per_turn = {
-            t: {"n": len(v), "ttft_p50_ms": percentile(v, 50) * 1000, "ttft_p99_ms": percentile(v, 99) * 1000}
+            t: {
+                "n": len(v),
+                "ttft_p50_ms": percentile(v, 50) * 1000,
+                "ttft_p99_ms": percentile(v, 99) * 1000,
+            }
             for t, v in sorted(turns.items())
         }
         itl = [x for r in ok for x in r.itl]
@@ -95,7 +107,12 @@ def build_report(
                 return None
             return float(per_turn[turn]["ttft_p50_ms"]) / float(first)  # type: ignore[arg-type]
 
-        differ = sum(1 for r in ok if (r.conversation, r.turn) in baseline and baseline[(r.conversation, r.turn)] != r.answer)
+        differ = sum(
+            1
+            for r in ok
+            if (r.conversation, r.turn) in baseline
+            and baseline[(r.conversation, r.turn)] != r.answer
+        )
         good = sum(1 for r in rows if slo.met(r))
         arms[arm] = {
             "turns": per_turn,
@@ -141,7 +158,9 @@ def render_markdown(report: dict[str, Any]) -> str:
             cells.append(f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f}" if row else "–")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     lines += ["", "## Summary", ""]
-    lines.append("| arm | turn-5/turn-1 | turn-T/turn-1 | ITL p50 / p99 (ms) | goodput | failed | wrong answers | paths |")
+    lines.append(
+        "| arm | turn-5/turn-1 | turn-T/turn-1 | ITL p50 / p99 (ms) | goodput | failed | wrong answers | paths |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|")
     for name in names:
         a = arms[name]
@@ -151,8 +170,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {_fmt(a['itl_p50_ms'])} / {_fmt(a['itl_p99_ms'])} | {a['goodput_share'] * 100:.0f}% "
             f"| {a['failed']}/{a['requests']} | {_fmt(a['answers_differing_from_baseline'])} | {paths} |"
         )
-    lines += ["", f"Goodput: share of turns within the SLO ({report['slo']}).",
-              f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the same turn.", ""]
+    lines += [
+        "",
+        f"Goodput: share of turns within the SLO ({report['slo']}).",
+        f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the same turn.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -167,6 +190,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
         turns = sorted(int(t) for t in arm["turns"])
         values = [(arm["turns"].get(t) or arm["turns"][str(t)])["ttft_p50_ms"] for t in turns]
         ax.plot(turns, values, marker="o", label=name)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_title("Time to first token by turn")
@@ -177,10 +203,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(report: dict[str, Any], records: Sequence[TurnRecord], folder: Path) -> dict[str, Path]:
+def write_report(
+    report: dict[str, Any], records: Sequence[TurnRecord], folder: Path
+) -> dict[str, Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {"markdown": folder / "report.md", "json": folder / "report.json", "plot": folder / "ttft_by_turn.png",
-             "turns": folder / "turns.jsonl"}
+    paths = {
+        "markdown": folder / "report.md",
+        "json": folder / "report.json",
+        "plot": folder / "ttft_by_turn.png",
+        "turns": folder / "turns.jsonl",
+    }
     paths["markdown"].write_text(render_markdown(report))
     paths["json"].write_text(json.dumps(report, indent=2))
     with paths["turns"].open("w") as out:

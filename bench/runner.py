@@ -131,9 +131,14 @@ async def run_arm(
                 if edited is not None:
                     # A client rewriting an earlier message: the history no longer matches.
                     position = [i for i, m in enumerate(messages) if m["role"] == "user"][edited]
-                    messages[position] = {"role": "user", "content": "(edited) " + messages[position]["content"]}
+                    messages[position] = {
+                        "role": "user",
+                        "content": "(edited) " + messages[position]["content"],
+                    }
                 messages.append({"role": "user", "content": text})
-                record = await _one_turn(client, url, arm, conversation, turn, messages, model, send_conversation_id)
+                record = await _one_turn(
+                    client, url, arm, conversation, turn, messages, model, send_conversation_id
+                )
                 records.append(record)
                 bar.step()
                 if record.error is not None:

@@ -19,11 +19,52 @@ __all__ = [
     "read_conversations",
 ]
 
-_WORDS = (
-    "river stone garden season winter summer leaf root water light shadow path wall gate bench "
-    "moss fern oak pine willow rain frost soil seed bloom branch bird nest pond bridge hill "
-    "morning evening window door lamp table chair book letter story question answer reason"
-).split()
+_WORDS = [
+    "river",
+    "stone",
+    "garden",
+    "season",
+    "winter",
+    "summer",
+    "leaf",
+    "root",
+    "water",
+    "light",
+    "shadow",
+    "path",
+    "wall",
+    "gate",
+    "bench",
+    "moss",
+    "fern",
+    "oak",
+    "pine",
+    "willow",
+    "rain",
+    "frost",
+    "soil",
+    "seed",
+    "bloom",
+    "branch",
+    "bird",
+    "nest",
+    "pond",
+    "bridge",
+    "hill",
+    "morning",
+    "evening",
+    "window",
+    "door",
+    "lamp",
+    "table",
+    "chair",
+    "book",
+    "letter",
+    "story",
+    "question",
+    "answer",
+    "reason",
+]
 
 
 class Distribution(msgspec.Struct, frozen=True):
@@ -99,7 +140,10 @@ def generate(spec: WorkloadSpec) -> list[Conversation]:
         conversation = Conversation(
             id=f"conv-{spec.seed}-{index}",
             system=_text(rng, system_len) if system_len > 1 else None,
-            users=[f"[{index}.{t}] " + _text(rng, spec.user_tokens.sample(rng)) for t in range(spec.turns)],
+            users=[
+                f"[{index}.{t}] " + _text(rng, spec.user_tokens.sample(rng))
+                for t in range(spec.turns)
+            ],
             output_tokens=[spec.output_tokens.sample(rng) for _ in range(spec.turns)],
             think_ms=[spec.think_time.sample(rng, minimum=0) for _ in range(spec.turns)],
             thinking=rng.random() < spec.reasoning_share,
@@ -114,7 +158,9 @@ def generate(spec: WorkloadSpec) -> list[Conversation]:
     return conversations
 
 
-def read_conversations(path: Path, *, output_tokens: int = 200, limit: int | None = None) -> list[Conversation]:
+def read_conversations(
+    path: Path, *, output_tokens: int = 200, limit: int | None = None
+) -> list[Conversation]:
     """vLLM's multi-turn benchmark input (``generate_multi_turn.json`` output: a list or dict of
     ``{"messages": [...]}``) or ShareGPT (``{"conversations": [{"from", "value"}]}``). Only the
     user turns are replayed; answers come from the engines."""

@@ -1,7 +1,8 @@
-"""Calls to engines: one pooled httpx client on the aiohttp transport, errors mapped once.
+"""Calls to engines: httpx requests on the aiohttp transport, errors mapped once.
 
 Plain httpx measured 3-5x slower than this transport on the reference machine
-(``reference/env.md`` §2), which matters for router overhead, not for correctness.
+(``reference/env.md`` §2). The transport is called directly: the client's redirect, auth and
+cookie layers cost about 100 µs a call and do nothing for engine calls.
 """
 
 from __future__ import annotations
@@ -49,13 +50,80 @@ class Upstream:
         limits = httpx.Limits(
             max_connections=1024, max_keepalive_connections=256, keepalive_expiry=30
         )
-        self._client = httpx.AsyncClient(
-            transport=transport or AiohttpTransport(limits=limits),
-            timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
-        )
+        self._transport = transport or AiohttpTransport(limits=limits)
+        self._urls: dict[str, httpx.URL] = {}
+        self._timeout = {
+            "connect": timeouts.connect,
+            "read": timeouts.request,
+            "write": timeouts.request,
+            "pool": timeouts.connect,
+        }
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._transport.aclose()
+
+    def _url(self, url: str) -> httpx.URL:
+        # httpx parses URLs in Python (~150 µs each); engines are few, their paths fewer.
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            parsed = self._urls[url] = httpx.URL(url)
+        return parsed
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        body: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+    ) -> httpx.Request:
+        all_headers = dict(headers or {})
+        content = None
+        if body is not None:
+            content = _encoder.encode(body)
+            all_headers["Content-Type"] = "application/json"
+        return httpx.Request(
+            method,
+            self._url(url),
+            content=content,
+            headers=all_headers,
+            extensions={"timeout": self._timeout},
+        )
+
+    async def _send(self, request: httpx.Request, what: str, timeout: float) -> httpx.Response:
+        """Send and wait for the response head; map every transport error."""
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._transport.handle_async_request(request)
+        except TimeoutError as exc:
+            raise EngineTimeout(f"{what} did not answer within {timeout:g} s") from exc
+        except httpx.ConnectError as exc:
+            raise EngineUnavailable(f"cannot connect to {what}") from exc
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"{what} timed out") from exc
+        except httpx.TransportError as exc:
+            raise EngineFailed(f"{what} broke off: {type(exc).__name__}") from exc
+        response.request = request
+        return response
+
+    async def _read(self, response: httpx.Response, what: str, timeout: float) -> bytes:
+        try:
+            async with asyncio.timeout(timeout):
+                return await response.aread()
+        except TimeoutError as exc:
+            raise EngineTimeout(f"{what} did not finish within {timeout:g} s") from exc
+        except httpx.TransportError as exc:
+            raise EngineFailed(f"{what} broke off: {type(exc).__name__}") from exc
+        finally:
+            await response.aclose()
+
+    async def _check(self, response: httpx.Response, what: str, timeout: float) -> None:
+        if response.status_code >= 300:
+            body = _failed_body(await self._read(response, what, timeout))
+            raise EngineFailed(
+                _message_of(body, response.status_code), status=response.status_code, body=body
+            )
 
     async def post_json(
         self,
@@ -66,43 +134,21 @@ class Upstream:
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """POST JSON, return the decoded JSON body of a 2xx answer."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        response = await self._send(self._request("POST", url, body, headers), url, timeout)
+        remaining = max(0.001, deadline - asyncio.get_running_loop().time())
+        await self._check(response, url, remaining)
+        content = await self._read(response, url, remaining)
         try:
-            async with asyncio.timeout(timeout):
-                response = await self._client.post(
-                    url,
-                    content=_encoder.encode(body),
-                    headers={"Content-Type": "application/json", **(headers or {})},
-                )
-        except TimeoutError as exc:
-            raise EngineTimeout(f"{url} did not answer within {timeout:g} s") from exc
-        except httpx.ConnectError as exc:
-            raise EngineUnavailable(f"cannot connect to {url}") from exc
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{url} timed out") from exc
-        except httpx.TransportError as exc:
-            raise EngineFailed(f"{url} broke off: {type(exc).__name__}") from exc
-        if response.status_code >= 300:
-            body_json = _failed_body(response.content)
-            raise EngineFailed(
-                _message_of(body_json, response.status_code),
-                status=response.status_code,
-                body=body_json,
-            )
-        try:
-            return _decoder.decode(response.content)
+            return _decoder.decode(content)
         except msgspec.DecodeError as exc:
             raise EngineFailed(f"{url} answered with invalid JSON") from exc
 
     async def get(self, url: str, *, timeout: float) -> httpx.Response:
-        try:
-            async with asyncio.timeout(timeout):
-                return await self._client.get(url)
-        except TimeoutError as exc:
-            raise EngineTimeout(f"{url} did not answer within {timeout:g} s") from exc
-        except httpx.ConnectError as exc:
-            raise EngineUnavailable(f"cannot connect to {url}") from exc
-        except httpx.HTTPError as exc:
-            raise EngineFailed(f"{url}: {type(exc).__name__}") from exc
+        """GET; the response's body is read (``.text``/``.json()`` work), whatever its status."""
+        response = await self._send(self._request("GET", url, None, None), url, timeout)
+        await self._read(response, url, timeout)
+        return response
 
     @asynccontextmanager
     async def stream(
@@ -113,33 +159,10 @@ class Upstream:
         first_byte: float,
         headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[httpx.Response]:
-        """POST and yield the response once its headers arrived (a 2xx only)."""
-        request = self._client.build_request(
-            "POST",
-            url,
-            content=_encoder.encode(body),
-            headers={"Content-Type": "application/json", **(headers or {})},
-        )
+        """POST and yield the response once its head arrived (2xx only); the body streams."""
+        response = await self._send(self._request("POST", url, body, headers), url, first_byte)
         try:
-            async with asyncio.timeout(first_byte):
-                response = await self._client.send(request, stream=True)
-        except TimeoutError as exc:
-            raise EngineTimeout(f"{url} sent nothing within {first_byte:g} s") from exc
-        except httpx.ConnectError as exc:
-            raise EngineUnavailable(f"cannot connect to {url}") from exc
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{url} timed out") from exc
-        except httpx.TransportError as exc:
-            raise EngineFailed(f"{url} broke off: {type(exc).__name__}") from exc
-        try:
-            if response.status_code >= 300:
-                content = await response.aread()
-                body_json = _failed_body(content)
-                raise EngineFailed(
-                    _message_of(body_json, response.status_code),
-                    status=response.status_code,
-                    body=body_json,
-                )
+            await self._check(response, url, first_byte)
             yield response
         finally:
             await response.aclose()

@@ -56,7 +56,9 @@ class EngineMetrics:
         )
         self._transfers = counter("vllm:nixl_xfer_tokens", "Tokens read over NIXL (sim only).")
         # vLLM's /metrics carries the default process collector; a router reads a restart here.
-        self._start = Gauge("process_start_time_seconds", "Start time of the engine.", registry=self.registry)
+        self._start = Gauge(
+            "process_start_time_seconds", "Start time of the engine.", registry=self.registry
+        )
         self.restarted()
 
     def restarted(self) -> None:

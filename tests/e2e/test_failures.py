@@ -106,7 +106,9 @@ async def test_expired_record_is_cold(tmp_path: Path) -> None:
         # The store dropped the record at its expiry (PX in Redis): the turn is a plain miss and
         # the stale handle never reaches P.
         assert await chat.turn() == "cold-miss"
-        assert (await ascrape(s.client, s.prefill[0].url))["vllm:nixl_num_failed_transfers_total"] == 0
+        assert (await ascrape(s.client, s.prefill[0].url))[
+            "vllm:nixl_num_failed_transfers_total"
+        ] == 0
         assert await chat.turn() == "reuse"
 
 

@@ -1,0 +1,117 @@
+"""``carryover bench``: the multi-turn benchmark, the router overhead harness, the simulator's
+own throughput."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.multiturn import ARMS, run_arms
+from bench.report import Slo, render_markdown
+from bench.workload import Distribution, WorkloadSpec, generate, read_conversations
+
+
+def _multiturn(args: argparse.Namespace) -> None:
+    if args.input:
+        conversations = read_conversations(
+            args.input, output_tokens=int(args.output_tokens.value), limit=args.conversations
+        )
+    else:
+        conversations = generate(
+            WorkloadSpec(
+                conversations=args.conversations,
+                turns=args.turns,
+                system_tokens=args.system_tokens,
+                user_tokens=args.user_tokens,
+                output_tokens=args.output_tokens,
+                think_time=args.think_time,
+                reasoning_share=args.reasoning_share,
+                edit_probability=args.edit_probability,
+                arrival=args.arrival,
+                rate=args.rate,
+                seed=args.seed,
+            )
+        )
+    targets = dict(t.split("=", 1) for t in args.target)
+    report = run_arms(
+        conversations,
+        [] if args.arms == "none" else args.arms.split(","),
+        out=args.out,
+        slo=Slo.parse(args.slo),
+        prefills=args.prefills,
+        decodes=args.decodes,
+        speed=args.speed,
+        targets=targets,
+        model=args.model,
+        progress=sys.stderr.isatty(),
+        meta={k: str(v) for k, v in vars(args).items() if k not in ("func", "target")},
+    )
+    print(render_markdown(report))
+    print(f"written to {args.out}")
+
+
+def _overhead(args: argparse.Namespace) -> None:
+    from bench.overhead import run_overhead
+
+    run_overhead(args.out)
+
+
+def _sim_throughput(args: argparse.Namespace) -> None:
+    from bench.sim_bench import run_sim_bench
+
+    run_sim_bench(args.out, requests=args.requests, concurrency=args.concurrency)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="carryover bench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("multiturn", help="turn-N vs turn-1 TTFT across arms")
+    m.add_argument(
+        "--arms",
+        default="carryover,carryover-no-reuse,carryover-unchecked,colocated",
+        help=f"comma-separated, of {', '.join(ARMS)} (or 'none' with --target)",
+    )
+    m.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="an extra arm already running (e.g. a router in front of real vLLM)",
+    )
+    m.add_argument("--conversations", type=int, default=16)
+    m.add_argument("--turns", type=int, default=10)
+    m.add_argument(
+        "--system-tokens", type=Distribution.parse, default=Distribution("constant", 200)
+    )
+    m.add_argument("--user-tokens", type=Distribution.parse, default=Distribution("constant", 800))
+    m.add_argument(
+        "--output-tokens", type=Distribution.parse, default=Distribution("constant", 200)
+    )
+    m.add_argument(
+        "--think-time", type=Distribution.parse, default=Distribution("constant", 0), help="ms"
+    )
+    m.add_argument("--reasoning-share", type=float, default=0.0)
+    m.add_argument("--edit-probability", type=float, default=0.0)
+    m.add_argument("--arrival", choices=["closed", "poisson"], default="poisson")
+    m.add_argument("--rate", type=float, default=4.0, help="new conversations per second (poisson)")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--input", type=Path, help="generate_multi_turn.json-style or ShareGPT JSON")
+    m.add_argument("--prefills", type=int, default=2)
+    m.add_argument("--decodes", type=int, default=2)
+    m.add_argument("--speed", type=float, default=1.0, help="simulated delay multiplier")
+    m.add_argument("--model", default="sim-qwen3")
+    m.add_argument("--slo", default="ttft=2000ms,itl=50ms")
+    m.add_argument("--out", type=Path, default=Path("results/multiturn"))
+    m.set_defaults(func=_multiturn)
+    o = sub.add_parser("overhead", help="router cost per turn against direct engine calls")
+    o.add_argument("--out", type=Path, default=Path("results/overhead"))
+    o.set_defaults(func=_overhead)
+    s = sub.add_parser("sim", help="requests/s one simulated instance serves with delays off")
+    s.add_argument("--requests", type=int, default=5000)
+    s.add_argument("--concurrency", type=int, default=64)
+    s.add_argument("--out", type=Path, default=Path("results/sim"))
+    s.set_defaults(func=_sim_throughput)
+    args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    args.func(args)

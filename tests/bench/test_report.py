@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from bench.report import Slo, build_report, percentile, render_markdown
+from bench.runner import TurnRecord
+
+
+def test_percentile_matches_linear_interpolation() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([10], 99) == 10
+    assert percentile([0, 10], 90) == pytest.approx(9.0)
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def rec(
+    arm: str,
+    conv: str,
+    turn: int,
+    ttft: float,
+    answer: str = "a",
+    itl: list[float] | None = None,
+    path: str | None = "reuse",
+    status: int = 200,
+) -> TurnRecord:
+    return TurnRecord(arm, conv, turn, status, ttft, itl or [0.01], ttft + 0.1, path, answer)
+
+
+def test_report_math() -> None:
+    records = [
+        rec("base", "c1", 1, 0.100, "x"),
+        rec("base", "c1", 2, 0.300, "y"),
+        rec("base", "c2", 1, 0.200, "z"),
+        rec("fast", "c1", 1, 0.100, "x"),
+        rec("fast", "c1", 2, 0.110, "DIFFERENT"),
+        rec("fast", "c2", 1, 0.300, "z", itl=[0.2]),
+        rec("fast", "c2", 2, 0.0, "", status=500),
+    ]
+    records[-1].error = "boom"
+    report = build_report(
+        records,
+        baseline_arm="base",
+        slo=Slo.parse("ttft=250ms,itl=50ms"),
+        wall_seconds={"base": 2.0, "fast": 4.0},
+    )
+    base, fast = report["arms"]["base"], report["arms"]["fast"]
+    assert base["turns"][1]["ttft_p50_ms"] == pytest.approx(150)
+    assert base["turns"][2]["ttft_p50_ms"] == pytest.approx(300)
+    assert base["ratio_last_turn1"] == pytest.approx(2.0)
+    assert fast["turns"][1]["ttft_p50_ms"] == pytest.approx(200)
+    assert fast["ratio_last_turn1"] == pytest.approx(0.55)
+    assert fast["ratio_turn5_turn1"] is None
+    assert fast["answers_differing_from_baseline"] == 1
+    assert base["answers_differing_from_baseline"] is None
+    assert fast["failed"] == 1 and fast["requests"] == 4
+    # Good turns: fast c1 t1 and c1 t2 (c2's TTFT and ITL are over, the last one failed).
+    assert fast["goodput_share"] == pytest.approx(0.5) and fast["goodput_per_s"] == pytest.approx(
+        0.5
+    )
+    assert base["goodput_share"] == pytest.approx(2 / 3)
+    text = render_markdown(report)
+    assert "| 1 | 150 / 199 | 200 / 298 |" in text and "| fast |" in text
+
+
+def test_slo_parsing() -> None:
+    slo = Slo.parse("ttft=2s,itl=50ms")
+    assert (slo.ttft, slo.itl) == (2.0, 0.05)
+    with pytest.raises(ValueError):
+        Slo.parse("latency=1s")
