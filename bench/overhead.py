@@ -140,7 +140,7 @@ def run_overhead(
         "",
         results["method"],
         "",
-        "| concurrency | mean − direct (µs) | router p50 / p99 (µs) | direct p50 / p99 (µs) | turns/s | CPU s / 1k turns |",
+        "| concurrency | mean - direct (µs) | router p50 / p99 (µs) | direct p50 / p99 (µs) | turns/s | CPU s / 1k turns |",
         "|---|---|---|---|---|---|",
     ]
     for conc in concurrency:

@@ -102,10 +102,14 @@ def build_report(
         last = max(turns) if turns else None
         first = per_turn.get(1, {}).get("ttft_p50_ms")
 
-        def ratio(turn: int | None) -> float | None:
-            if turn is None or first in (None, 0) or turn not in per_turn:
+        def ratio(
+            turn: int | None,
+            per_turn: dict[int, dict[str, float]] = per_turn,
+            first: float | None = first,
+        ) -> float | None:
+            if turn is None or not first or turn not in per_turn:
                 return None
-            return float(per_turn[turn]["ttft_p50_ms"]) / float(first)  # type: ignore[arg-type]
+            return per_turn[turn]["ttft_p50_ms"] / first
 
         differ = sum(
             1
@@ -134,7 +138,7 @@ def build_report(
 
 def _fmt(value: Any, digits: int = 1) -> str:
     if value is None:
-        return "–"
+        return "-"
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
@@ -155,7 +159,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         cells = []
         for name in names:
             row = arms[name]["turns"].get(t) or arms[name]["turns"].get(str(t))
-            cells.append(f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f}" if row else "–")
+            cells.append(f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f}" if row else "-")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     lines += ["", "## Summary", ""]
     lines.append(
