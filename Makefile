@@ -5,7 +5,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap redis-server demo test test-fast test-vllm lint bench
+.PHONY: help bootstrap redis-server vllm-env demo test test-fast test-vllm lint bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -23,14 +23,20 @@ redis-server: ## make sure a redis-server binary exists (tests start their own s
 	    echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install redis-server)"; exit 1; \
 	  fi; }
 
+vllm-env: bootstrap ## build (once) the vLLM CPU environment and tiny model of the real tier
+	@$(UV) run python -c "from bench.real.launch import ensure_model; print(ensure_model())"
+
 demo: bootstrap ## simulated P/D engines + router + in-process state: a turn-by-turn TTFT report
 	@$(UV) run carryover demo
 
-test: bootstrap redis-server ## the whole suite (with the real-vLLM tier)
+test: bootstrap redis-server vllm-env ## the whole suite (with the real-vLLM tier)
 	@$(UV) run pytest $(PYTEST_ARGS)
 
 test-fast: bootstrap redis-server ## everything but the real-vLLM tier
 	@$(UV) run pytest -m "not real" $(PYTEST_ARGS)
+
+test-vllm: bootstrap redis-server vllm-env ## the real-vLLM tier alone
+	@$(UV) run pytest -m real $(PYTEST_ARGS)
 
 lint: bootstrap ## ruff and mypy
 	@$(UV) run ruff check . && $(UV) run ruff format --check . && $(UV) run mypy

@@ -48,6 +48,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-interval", type=float)
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--max-messages", type=int)
+    p.add_argument("--admin-key", help="bearer key for /admin/* (prefer CARRYOVER_ADMIN_KEY)")
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level")
     return p
@@ -88,6 +89,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         ("health_interval", args.health_interval, "HEALTH_INTERVAL", float),
         ("max_body_bytes", args.max_body_bytes, "MAX_BODY_BYTES", int),
         ("max_messages", args.max_messages, "MAX_MESSAGES", int),
+        ("admin_key", args.admin_key, "ADMIN_KEY", str),
         ("log_level", args.log_level, "LOG_LEVEL", str),
     ):
         value = pick(flag, env_name, convert)

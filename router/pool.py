@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from router.config import InstanceConfig, ModelConfig, RouterConfig
-from router.errors import UpstreamError
+from router.errors import EngineUnavailable, UpstreamError
 from router.metrics import RouterMetrics
 from router.upstream import Upstream
 from state import Store, StoreUnavailable
@@ -21,6 +21,10 @@ from state import Store, StoreUnavailable
 __all__ = ["Breaker", "Instance", "InstancePool"]
 
 log = logging.getLogger("carryover.pool")
+
+#: Consecutive failed probes (timeouts, errors) before an instance is taken out of rotation; a
+#: refused connection takes it out at once.
+_PROBES_TO_DOWN = 3
 
 _GAUGES = (
     "vllm:num_requests_running",
@@ -81,6 +85,8 @@ class Instance:
     version: str | None = None
     epoch: int = 0
     down_since: float | None = field(default=None)
+    probe_failures: int = 0
+    refused: bool = False  # connections were refused since the last good probe
 
     @property
     def name(self) -> str:
@@ -211,20 +217,31 @@ class InstancePool:
         await asyncio.gather(*(self._probe(i) for i in self.instances))
 
     async def _probe(self, instance: Instance) -> None:
+        """Health, load and restart evidence of one instance.
+
+        A timeout is not a restart: a busy engine (vLLM on CPU, say) can miss a probe. An
+        instance counts as restarted when its ``process_start_time_seconds`` changed, or when it
+        refused connections (its process was gone) before it answered again.
+        """
         timeout = self._config.timeouts.health
         try:
             response = await self._upstream.get(f"{instance.url}/health", timeout=timeout)
             ok = response.status_code == 200
+            refused = False
+        except EngineUnavailable:
+            ok, refused = False, True
         except UpstreamError:
-            ok = False
+            ok, refused = False, False
         if not ok:
-            if instance.healthy:
+            instance.probe_failures += 1
+            instance.refused = instance.refused or refused
+            if instance.healthy and (refused or instance.probe_failures >= _PROBES_TO_DOWN):
                 log.warning("instance %s is down", instance.name)
-            instance.healthy = False
-            instance.down_since = instance.down_since or time.monotonic()
-            self._metrics.instance_up(instance.name, instance.role, False)
+                instance.healthy = False
+                instance.down_since = time.monotonic()
+                self._metrics.instance_up(instance.name, instance.role, False)
             return
-        restarted = not instance.healthy and instance.ever_healthy
+        restarted = instance.refused and instance.ever_healthy
         try:
             metrics = await self._upstream.get(f"{instance.url}/metrics", timeout=timeout)
             gauges = _parse_gauges(metrics.text)
@@ -238,7 +255,7 @@ class InstancePool:
         instance.running = gauges.get("vllm:num_requests_running", instance.running)
         instance.waiting = gauges.get("vllm:num_requests_waiting", instance.waiting)
         instance.kv_usage = gauges.get("vllm:kv_cache_usage_perc", instance.kv_usage)
-        if instance.version is None:
+        if instance.version is None or restarted:
             await self._read_version(instance)
         if restarted and instance.role == "decode":
             await self._bump_epoch(instance)
@@ -247,6 +264,8 @@ class InstancePool:
         instance.healthy = True
         instance.ever_healthy = True
         instance.down_since = None
+        instance.probe_failures = 0
+        instance.refused = False
         self._metrics.instance_up(instance.name, instance.role, True)
 
     async def _read_version(self, instance: Instance) -> None:

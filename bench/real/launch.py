@@ -1,0 +1,223 @@
+"""Start a real vLLM prefill/decode pair on this machine (CPU build, NIXL, bidirectional).
+
+P and D start and stop together: restarting P alone while D ran hung P's start for minutes on
+a 2-core machine (``reference/bidir-cpu.md``). Each instance is pinned to one core, and an idle
+instance keeps a core busy, so stop them when done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.real.env import ensure_env, env_dir
+from router.render.chat_template import bundled_qwen3_dir
+
+__all__ = ["SERVED_NAME", "VllmInstance", "VllmPair", "ensure_model"]
+
+SERVED_NAME = "tiny-qwen3"
+CPU_BLOCK_SIZE = 128  # vLLM's CPU build
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def ensure_model() -> Path:
+    """The seeded random tiny Qwen3, generated on first use next to the environment."""
+    python = ensure_env()
+    folder = env_dir().parent / "rand-qwen3"
+    if not (folder / "model.safetensors").exists():
+        script = Path(__file__).with_name("make_model.py")
+        subprocess.run(
+            [str(python), str(script), str(folder), str(bundled_qwen3_dir())], check=True
+        )
+    return folder
+
+
+@dataclass
+class VllmInstance:
+    role: str  # "prefill" | "decode"
+    port: int
+    side_port: int
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class VllmPair:
+    log_dir: Path
+    p_extra: dict[str, Any] = field(default_factory=dict)
+    d_extra: dict[str, Any] = field(default_factory=dict)
+    p_args: list[str] = field(default_factory=list)
+    d_args: list[str] = field(default_factory=list)
+    prefill: VllmInstance | None = None
+    decode: VllmInstance | None = None
+
+    def _command(self, instance: VllmInstance, model: Path) -> tuple[list[str], dict[str, str]]:
+        producer = instance.role == "prefill"
+        config: dict[str, Any] = {
+            "kv_connector": "NixlConnector",
+            "kv_role": "kv_producer" if producer else "kv_consumer",
+            "kv_buffer_device": "cpu",
+            "kv_connector_extra_config": {
+                "bidirectional_kv_xfer": True,
+                **(self.p_extra if producer else self.d_extra),
+            },
+        }
+        if producer:
+            config["kv_load_failure_policy"] = "fail"  # "recompute" hangs on a bad handle
+        args = [
+            str(env_dir() / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            SERVED_NAME,
+            "--load-format",
+            "auto",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "8",
+            "--enforce-eager",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(instance.port),
+            "--kv-transfer-config",
+            json.dumps(config),
+            *(self.p_args if producer else self.d_args),
+        ]
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "0" if producer else "1",
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(instance.side_port),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_LOGGING_LEVEL": "DEBUG",
+        }
+        return args, env
+
+    def start(self, timeout: float = 600.0) -> None:
+        model = ensure_model()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%H%M%S")
+        # A restart keeps the ports: to the router it is the same instance, come back.
+        if self.prefill is None or self.decode is None:
+            self.prefill = VllmInstance(
+                "prefill", _free_port(), _free_port(), self.log_dir / "prefill.log"
+            )
+            self.decode = VllmInstance(
+                "decode", _free_port(), _free_port(), self.log_dir / "decode.log"
+            )
+        self.prefill.log = self.log_dir / f"prefill-{stamp}.log"
+        self.decode.log = self.log_dir / f"decode-{stamp}.log"
+        for instance in (self.prefill, self.decode):
+            args, env = self._command(instance, model)
+            log = open(instance.log, "ab")  # noqa: SIM115 - owned by the child
+            instance.popen = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
+        for instance in (self.prefill, self.decode):
+            while True:
+                assert instance.popen is not None
+                if instance.popen.poll() is not None:
+                    tail = instance.log.read_text()[-3000:]
+                    self.stop()
+                    raise RuntimeError(f"vLLM {instance.role} exited during start:\n{tail}")
+                try:
+                    if httpx.get(instance.url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"vLLM {instance.role} did not start within {timeout:g} s")
+                time.sleep(1)
+
+    def warm_up(self) -> None:
+        """A full bidirectional cycle (P->D, then D->P and P->D again). The first NIXL handshake
+        between two CPU instances registers every block and took about 30 s each way here:
+        paid once, before anything is timed or expires."""
+        assert self.prefill is not None and self.decode is not None
+        p, d = self.prefill.url, self.decode.url
+
+        def post(
+            url: str, prompt: list[int], max_tokens: int, kv: dict[str, Any]
+        ) -> dict[str, Any]:
+            body = {
+                "model": SERVED_NAME,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+                "return_token_ids": True,
+                "logprobs": 1,
+                "kv_transfer_params": kv,
+            }
+            response = httpx.post(url + "/v1/completions", json=body, timeout=900)
+            response.raise_for_status()
+            answer: dict[str, Any] = response.json()
+            return answer
+
+        prompt = list(range(1000, 1300))
+        for attempt in range(2):
+            p1 = post(p, prompt, 1, {"do_remote_decode": True})
+            d1 = post(d, prompt, 8, p1["kv_transfer_params"])
+            prompt2 = prompt + d1["choices"][0]["token_ids"] + list(range(2000, 2100))
+            try:
+                p2 = post(p, prompt2, 1, d1["kv_transfer_params"])
+            except httpx.HTTPStatusError:
+                # The handshakes can outlast a short decoder_kv_blocks_ttl; they are done now.
+                if attempt:
+                    raise
+                continue
+            post(d, prompt2, 4, p2["kv_transfer_params"])
+            break
+        # Sampling with logprobs has a slow first use of its own on each instance.
+        for url in (p, d):
+            httpx.post(
+                url + "/v1/completions",
+                json={"model": SERVED_NAME, "prompt": prompt, "max_tokens": 4, "logprobs": 1},
+                timeout=900,
+            ).raise_for_status()
+
+    def stop(self) -> None:
+        for instance in (self.prefill, self.decode):
+            if instance is None or instance.popen is None:
+                continue
+            if instance.popen.poll() is None:
+                os.killpg(instance.popen.pid, signal.SIGTERM)
+                try:
+                    instance.popen.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(instance.popen.pid, signal.SIGKILL)
+                    instance.popen.wait()
+            instance.popen = None
+
+    def restart(self, timeout: float = 600.0) -> None:
+        self.stop()
+        self.start(timeout)

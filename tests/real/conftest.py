@@ -1,0 +1,73 @@
+"""The real-engine tier: vLLM's CPU build with NIXL, a seeded random tiny Qwen3, real Redis.
+
+One P/D pair serves the whole session (a start takes a minute or two on 2 cores); tests that
+need other router settings start their own router in front of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.real.launch import VllmPair
+from tests.support.redis_server import RedisServer
+from tests.support.router_proc import RouterProcess
+
+pytestmark = pytest.mark.real
+
+#: D's pins live this long (short, so that a test can outlive one); the router is told the same.
+D_TTL = 45.0
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmPair]:
+    pair = VllmPair(
+        log_dir=tmp_path_factory.mktemp("vllm-logs"),
+        d_extra={"decoder_kv_blocks_ttl": D_TTL},
+        # Without a prefix cache on P every pull is whole, so P's counters say exactly what
+        # the router attached; D keeps its cache (the realistic side).
+        p_args=["--no-enable-prefix-caching"],
+    )
+    pair.start()
+    pair.warm_up()
+    yield pair
+    pair.stop()
+
+
+def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
+    assert pair.prefill is not None and pair.decode is not None
+    return [
+        "--prefill",
+        pair.prefill.url,
+        "--decode",
+        pair.decode.url,
+        "--redis",
+        redis.url,
+        "--block-size",
+        "128",
+        "--decoder-kv-blocks-ttl",
+        str(D_TTL),
+        "--queue-margin",
+        "1",
+        "--health-interval",
+        "0.5",
+        "--prefill-timeout",
+        "120",
+        "--first-byte-timeout",
+        "300",
+        "--admin-key",
+        "admin-secret",
+        *extra,
+    ]
+
+
+@pytest.fixture
+async def real_router(
+    vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+) -> AsyncIterator[RouterProcess]:
+    router = RouterProcess(router_flags(vllm_pair, redis_server), tmp_path)
+    await router.start(timeout=60)
+    yield router
+    router.stop()

@@ -1,0 +1,479 @@
+"""carryover in front of real vLLM (CPU build, NIXL, bidirectional KV transfer).
+
+Correctness is judged against a single-instance reference (the same prompt on P with no
+kv_transfer_params; P runs without a prefix cache, so nothing earlier can colour it) on output
+token ids and on logprobs: a few wrong context tokens can leave greedy ids intact but move
+logprobs by ~0.4 (``reference/bidir-cpu.md`` §Q2b).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.real.launch import SERVED_NAME, VllmPair
+from tests.real.conftest import D_TTL, router_flags
+from tests.support.metrics import ascrape
+from tests.support.redis_server import RedisServer
+from tests.support.router_proc import RouterProcess
+
+pytestmark = pytest.mark.real
+
+BLOCK = 128
+PULLED = "vllm:prompt_tokens_by_source_total{source=external_kv_transfer}"
+WORDS = [
+    "river",
+    "stone",
+    "garden",
+    "season",
+    "winter",
+    "leaf",
+    "root",
+    "water",
+    "light",
+    "shadow",
+    "path",
+    "wall",
+    "gate",
+    "bench",
+    "moss",
+    "fern",
+    "oak",
+    "pine",
+    "willow",
+    "rain",
+    "frost",
+    "soil",
+    "seed",
+    "bloom",
+    "branch",
+    "bird",
+    "nest",
+    "pond",
+    "bridge",
+    "hill",
+]
+
+
+def text(nonce: str, turn: int, words: int = 160) -> str:
+    picked = [WORDS[(hash((nonce, turn, i)) & 0xFFFF) % len(WORDS)] for i in range(words)]
+    return f"[{nonce} turn {turn}] " + " ".join(picked)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=600) as c:
+        yield c
+
+
+def urls(pair: VllmPair) -> tuple[str, str]:
+    assert pair.prefill is not None and pair.decode is not None
+    return pair.prefill.url, pair.decode.url
+
+
+async def pulled(client: httpx.AsyncClient, p_url: str) -> float:
+    return (await ascrape(client, p_url)).get(PULLED, 0.0)
+
+
+async def tokenize(client: httpx.AsyncClient, url: str, **body: Any) -> list[int]:
+    r = await client.post(url + "/tokenize", json={"model": SERVED_NAME, **body})
+    r.raise_for_status()
+    tokens: list[int] = r.json()["tokens"]
+    return tokens
+
+
+def logprobs_of(body: dict[str, Any], chat: bool) -> list[float]:
+    choice = body["choices"][0]
+    if chat:
+        return [item["logprob"] for item in choice["logprobs"]["content"]]
+    values: list[float] = choice["logprobs"]["token_logprobs"]
+    return values
+
+
+def same_output(got: dict[str, Any], want: dict[str, Any], *, chat: bool) -> bool:
+    if got["choices"][0]["token_ids"] != want["choices"][0]["token_ids"]:
+        return False
+    diffs = [
+        abs(a - b) for a, b in zip(logprobs_of(got, chat), logprobs_of(want, chat), strict=True)
+    ]
+    return max(diffs, default=0.0) < 1e-3
+
+
+async def completion(
+    client: httpx.AsyncClient,
+    url: str,
+    prompt: list[int],
+    *,
+    max_tokens: int = 12,
+    conversation: str | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    body: dict[str, Any] = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": 1,
+        **extra,
+    }
+    if conversation:
+        body["conversation_id"] = conversation
+    return await client.post(url + "/v1/completions", json=body)
+
+
+async def chat(
+    client: httpx.AsyncClient,
+    url: str,
+    messages: list[dict[str, Any]],
+    *,
+    max_tokens: int = 12,
+    conversation: str | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    body: dict[str, Any] = {
+        "model": SERVED_NAME,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+        **extra,
+    }
+    if conversation:
+        body["conversation_id"] = conversation
+    return await client.post(url + "/v1/chat/completions", json=body)
+
+
+async def test_completions_full_reuse_over_five_turns(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    prompt = await tokenize(
+        client,
+        p_url,
+        messages=[{"role": "user", "content": text(nonce, 0)}],
+        add_generation_prompt=True,
+    )
+    previous_r = None
+    for turn in range(5):
+        before = await pulled(client, p_url)
+        r = await completion(client, real_router.url, prompt, conversation=nonce)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        after = await pulled(client, p_url)
+        want = (await completion(client, p_url, prompt)).json()
+        assert same_output(got, want, chat=False), f"turn {turn + 1} differs from the reference"
+        if turn == 0:
+            assert r.headers["x-carryover-path"] == "cold-miss"
+        else:
+            assert r.headers["x-carryover-path"] == "reuse"
+            assert after - before == previous_r  # P pulled all of D's history
+        output = got["choices"][0]["token_ids"]
+        previous_r = len(prompt) + len(output) - 1
+        suffix = f"<|im_end|>\n<|im_start|>user\n{text(nonce, turn + 1, 60)}<|im_end|>\n<|im_start|>assistant\n"
+        prompt = prompt + output + await tokenize(client, p_url, prompt=suffix)
+
+
+async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    # A random-weight model's ids do not survive detokenize -> retokenize: every turn's prompt
+    # diverges inside the previous answer, and only whole blocks before that are reusable.
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
+    sequence: list[int] | None = None
+    diverged_inside_history = 0
+    for turn in range(5):
+        before = await pulled(client, p_url)
+        r = await chat(client, real_router.url, messages, conversation=nonce)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        after = await pulled(client, p_url)
+        want = (await chat(client, p_url, messages)).json()
+        assert same_output(got, want, chat=True), f"turn {turn + 1} differs from the reference"
+        prompt = got["prompt_token_ids"]
+        if sequence is not None:
+            r_tokens = len(sequence) - 1
+            common = next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(prompt, sequence[:r_tokens], strict=False))
+                    if a != b
+                ),
+                min(len(prompt), r_tokens),
+            )
+            diverged_inside_history += common < r_tokens
+            usable = min(common, len(prompt) - 1) // BLOCK * BLOCK
+            expected = r_tokens if common == r_tokens else usable if usable >= 64 else 0
+            path = r.headers["x-carryover-path"]
+            assert after - before == expected, (path, common, r_tokens)
+            assert path == (
+                "reuse" if common == r_tokens else "partial" if expected else "cold-mismatch"
+            )
+        sequence = prompt + got["choices"][0]["token_ids"]
+        messages += [
+            {"role": "assistant", "content": got["choices"][0]["message"]["content"]},
+            {"role": "user", "content": text(nonce, turn + 1, 40)},
+        ]
+    assert diverged_inside_history >= 1
+
+
+async def test_rewritten_history_and_stripped_answer_stay_correct(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
+    first = (
+        await chat(client, real_router.url, messages, max_tokens=60, conversation=nonce)
+    ).json()
+    answer = first["choices"][0]["message"]["content"]
+    # The client sends the answer back with its leading part removed (as Qwen3's template does
+    # to reasoning).
+    messages += [
+        {"role": "assistant", "content": answer[len(answer) // 3 :]},
+        {"role": "user", "content": text(nonce, 1, 40)},
+    ]
+    r = await chat(client, real_router.url, messages, conversation=nonce)
+    assert r.headers["x-carryover-path"] in ("partial", "cold-mismatch")
+    assert same_output(r.json(), (await chat(client, p_url, messages)).json(), chat=True)
+    # A client rewriting an earlier message.
+    messages[0] = {"role": "user", "content": text(nonce, 0, 150) + " (edited)"}
+    messages += [
+        {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+        {"role": "user", "content": text(nonce, 2, 40)},
+    ]
+    r = await chat(client, real_router.url, messages, conversation=nonce)
+    assert r.status_code == 200 and r.headers["x-carryover-path"] in ("partial", "cold-mismatch")
+    assert same_output(r.json(), (await chat(client, p_url, messages)).json(), chat=True)
+
+
+async def test_the_same_mismatch_without_the_router_is_wrong(
+    client: httpx.AsyncClient, vllm_pair: VllmPair
+) -> None:
+    # What the check prevents: vLLM #43094 on the CPU build, straight to P and D.
+    p_url, d_url = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    t1 = await tokenize(
+        client,
+        p_url,
+        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
+        add_generation_prompt=True,
+    )
+    p1 = (
+        await completion(
+            client, p_url, t1, max_tokens=1, kv_transfer_params={"do_remote_decode": True}
+        )
+    ).json()
+    d1 = (
+        await completion(
+            client, d_url, t1, max_tokens=150, kv_transfer_params=p1["kv_transfer_params"]
+        )
+    ).json()
+    handle = d1["kv_transfer_params"]
+    output = d1["choices"][0]["token_ids"]
+    suffix = await tokenize(
+        client,
+        p_url,
+        prompt=f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 30)}<|im_end|>\n<|im_start|>assistant\n",
+    )
+    stripped = t1 + output[100:] + suffix  # the first 100 output tokens dropped
+    p2 = (await completion(client, p_url, stripped, max_tokens=1, kv_transfer_params=handle)).json()
+    d2 = (
+        await completion(
+            client, d_url, stripped, max_tokens=12, kv_transfer_params=p2["kv_transfer_params"]
+        )
+    ).json()
+    want = (await completion(client, p_url, stripped)).json()
+    assert not same_output(d2, want, chat=False)
+
+
+async def test_release_and_delete_free_decode_blocks_at_once(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    _, d_url = urls(vllm_pair)
+    usage = "vllm:kv_cache_usage_perc"
+    # Let the pins of earlier tests expire (D_TTL), so that D's usage is this test's alone.
+    for _ in range(int(D_TTL * 2) + 10):
+        if (await ascrape(client, d_url))[usage] == 0:
+            break
+        await asyncio.sleep(0.5)
+    assert (await ascrape(client, d_url))[usage] == 0
+    nonce = uuid.uuid4().hex[:8]
+    r1 = await chat(
+        client,
+        real_router.url,
+        [{"role": "user", "content": text(nonce, 0, 300)}],
+        conversation=nonce,
+    )
+    assert r1.status_code == 200
+    u1 = (await ascrape(client, d_url))[usage]
+    blocks1 = -(
+        -(len(r1.json()["prompt_token_ids"]) + len(r1.json()["choices"][0]["token_ids"]) - 1)
+        // BLOCK
+    )
+    total_blocks = round(blocks1 / u1)  # D pins exactly the turn's blocks
+    # The same conversation id with an unrelated history: nothing is reusable, so the old
+    # handle goes to P with remote_num_tokens 0 and D frees it while this turn runs.
+    other = [{"role": "user", "content": "x " + text(nonce + "b", 0, 30)}]
+    r2 = await chat(client, real_router.url, other, conversation=nonce)
+    assert r2.headers["x-carryover-path"] == "cold-mismatch"
+    blocks2 = -(
+        -(len(r2.json()["prompt_token_ids"]) + len(r2.json()["choices"][0]["token_ids"]) - 1)
+        // BLOCK
+    )
+    assert (
+        round((await ascrape(client, d_url))[usage] * total_blocks) == blocks2
+    )  # turn 1's are gone
+    deleted = await client.delete(f"{real_router.url}/v1/conversations/{nonce}")
+    assert deleted.json() == {"id": nonce, "deleted": True, "released": True}
+    assert (await ascrape(client, d_url))[usage] == 0  # at once, not after the TTL
+
+
+async def test_streaming_on_032_returns_no_handle_and_next_turn_is_cold(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 200)}]
+    body = {
+        "model": SERVED_NAME,
+        "messages": messages,
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "conversation_id": nonce,
+    }
+    content = ""
+    async with client.stream("POST", real_router.url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    import json
+
+    for line in lines[:-1]:
+        chunk = json.loads(line[6:])
+        assert "error" not in chunk and "kv_transfer_params" not in chunk
+        content += "".join((c.get("delta") or {}).get("content") or "" for c in chunk["choices"])
+    want = (await chat(client, p_url, messages)).json()["choices"][0]["message"]["content"]
+    assert content == want
+    messages += [
+        {"role": "assistant", "content": content},
+        {"role": "user", "content": text(nonce, 1, 30)},
+    ]
+    r2 = await chat(client, real_router.url, messages, conversation=nonce)
+    assert r2.status_code == 200 and r2.headers["x-carryover-path"] == "cold-miss"
+    metrics = await ascrape(client, real_router.url)
+    assert metrics["carryover_turns_without_handle_total{cause=streamed_before_0.33}"] >= 1
+
+
+async def test_prefill_unavailable_decode_serves_alone_and_reuse_continues(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    # "P down" as the router sees it: drained (restarting a real P alone while D runs hangs its
+    # start on this machine, so the pair is never split).
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    admin = {"Authorization": "Bearer admin-secret"}
+    p_name = p_url.removeprefix("http://")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
+    drained = await client.post(f"{real_router.url}/admin/instances/{p_name}/drain", headers=admin)
+    assert drained.json()["draining"] is True
+    try:
+        r1 = await chat(client, real_router.url, messages, conversation=nonce)
+        assert r1.status_code == 200
+        assert same_output(r1.json(), (await chat(client, p_url, messages)).json(), chat=True)
+    finally:
+        await client.post(f"{real_router.url}/admin/instances/{p_name}/drain?undo=1", headers=admin)
+    completion_ids = r1.json()["choices"][0]["token_ids"]
+    prompt = r1.json()["prompt_token_ids"] + completion_ids
+    before = await pulled(client, p_url)
+    suffix = await tokenize(
+        client,
+        p_url,
+        prompt=f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 40)}<|im_end|>\n<|im_start|>assistant\n",
+    )
+    r2 = await completion(client, real_router.url, prompt + suffix, conversation=nonce)
+    # The completions turn continues the same conversation id only within its own model/tenant
+    # key: the chat record is found and reused because the ids extend it exactly.
+    assert r2.headers["x-carryover-path"] == "reuse"
+    assert await pulled(client, p_url) - before == len(prompt) - 1
+    assert same_output(
+        r2.json(), (await completion(client, p_url, prompt + suffix)).json(), chat=False
+    )
+
+
+async def test_expired_handles_are_served_cold(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    p_url, _ = urls(vllm_pair)
+    # This router believes D keeps blocks for 480 s; D drops them after D_TTL. P declines the
+    # read of the expired handle (HTTP 500) and the router retries the turn cold.
+    flags = router_flags(vllm_pair, redis_server)
+    flags[flags.index("--decoder-kv-blocks-ttl") + 1] = "480"
+    router = RouterProcess(flags, tmp_path)
+    await router.start(timeout=60)
+    try:
+        nonce = uuid.uuid4().hex[:8]
+        prompt = await tokenize(
+            client,
+            p_url,
+            messages=[{"role": "user", "content": text(nonce, 0, 300)}],
+            add_generation_prompt=True,
+        )
+        first = (await completion(client, router.url, prompt, conversation=nonce)).json()
+        await asyncio.sleep(D_TTL - 5 + 1)
+        prompt2 = prompt + first["choices"][0]["token_ids"] + [198] * 20
+        r = await completion(client, router.url, prompt2, conversation=nonce)
+        assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-error"
+        assert same_output(r.json(), (await completion(client, p_url, prompt2)).json(), chat=False)
+        assert (await ascrape(client, router.url))[
+            "carryover_retries_total{cause=prefill_handle_rejected}"
+        ] == 1
+    finally:
+        router.stop()
+
+
+async def test_zz_decode_restart_makes_records_stale(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # Last in the module: it restarts the pair (P and D together, as this machine needs) on the
+    # same ports. D comes back with a new engine id; the router sees the restart and bumps D's
+    # epoch, so the stored handle is stale: the next turn is cold without ever sending it (a
+    # sent stale handle would show as a P 500 and the path "cold-error"). The router is told a
+    # long TTL so that the record outlives the minute-long restart.
+    flags = router_flags(vllm_pair, redis_server)
+    flags[flags.index("--decoder-kv-blocks-ttl") + 1] = "480"
+    router = RouterProcess(flags, tmp_path)
+    await router.start(timeout=60)
+    try:
+        nonce = uuid.uuid4().hex[:8]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
+        r1 = await chat(client, router.url, messages, conversation=nonce)
+        assert r1.status_code == 200
+        await asyncio.to_thread(vllm_pair.restart)
+        await asyncio.to_thread(vllm_pair.warm_up)
+        messages += [
+            {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]},
+            {"role": "user", "content": text(nonce, 1, 30)},
+        ]
+        r2 = await chat(client, router.url, messages, conversation=nonce)
+        assert r2.status_code == 200 and r2.headers["x-carryover-path"] == "cold-expired"
+        p_url, _ = urls(vllm_pair)
+        assert same_output(r2.json(), (await chat(client, p_url, messages)).json(), chat=True)
+        assert "prefill_handle_rejected" not in (await client.get(router.url + "/metrics")).text
+    finally:
+        router.stop()
