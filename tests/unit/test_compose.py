@@ -1,0 +1,102 @@
+"""compose.yaml against the Compose specification, and its command lines against the real CLI.
+
+There is no Docker engine here: the file is checked against the Compose spec schema that
+check-jsonschema vendors, and every carryover command in it is parsed by carryover's parsers.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from bench.sim.config import parse_sim_args
+from router.cli import load_config
+
+COMPOSE = Path(__file__).parents[2] / "compose.yaml"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return data
+
+
+def test_compose_file_follows_the_compose_spec(compose: dict[str, Any]) -> None:
+    schema = json.loads(
+        (files("check_jsonschema") / "builtin_schemas/vendor/compose-spec.json").read_text()
+    )
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(compose), key=str)
+    assert not errors, "\n".join(str(e.message) for e in errors)
+    # The checker itself rejects a broken file (so the check above can fail).
+    broken = {**compose, "services": {"x": {"image": 5, "ports": "nope"}}}
+    assert list(validator.iter_errors(broken))
+
+
+def _env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    return {k: str(v) for k, v in env.items()}
+
+
+def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
+    parsed = 0
+    for name, service in compose["services"].items():
+        if service.get("image") != "carryover:latest":
+            continue
+        command = service["command"]
+        if command[0] == "serve":
+            config = load_config(command[1:], environ=_env(service))
+            assert config.models[0].decode and config.redis
+            if "prefill" in name or "decode" in name:
+                raise AssertionError(f"{name} runs the router")
+        elif command[0] == "sim":
+            sim = parse_sim_args(command[1:], environ=_env(service))
+            assert sim.kv_transfer is not None and sim.bidirectional
+            assert sim.side_channel_host == name  # NIXL address = the service's own name
+        else:
+            raise AssertionError(f"unknown carryover command in {name}: {command}")
+        parsed += 1
+    assert parsed == 4  # two routers and two simulated engines
+
+
+def test_engines_are_set_up_for_bidirectional_pd(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, role in (
+        ("prefill", "kv_producer"),
+        ("decode", "kv_consumer"),
+        ("prefill-sim", "kv_producer"),
+        ("decode-sim", "kv_consumer"),
+    ):
+        command = services[name]["command"]
+        config = json.loads(command[command.index("--kv-transfer-config") + 1])
+        assert config["kv_connector"] == "NixlConnector" and config["kv_role"] == role
+        assert config["kv_connector_extra_config"]["bidirectional_kv_xfer"] is True
+        if role == "kv_producer":
+            assert config["kv_load_failure_policy"] == "fail"
+        assert services[name]["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == name
+    for name in ("prefill", "decode"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["count"] == 1 and devices[0]["capabilities"] == ["gpu"]
+        assert "vllm-openai:v0.33" in services[name]["image"]
+
+
+def test_only_routers_are_published(compose: dict[str, Any]) -> None:
+    assert compose["networks"]["engines"]["internal"] is True
+    for name, service in compose["services"].items():
+        if name.startswith("router"):
+            assert service["ports"] == ["8000-8001:8000"] and service["deploy"]["replicas"] == 2
+        else:
+            assert "ports" not in service, f"{name} publishes a port"
+            assert service["networks"] == ["engines"]
+
+
+def test_dockerfile_runs_locked_and_unprivileged() -> None:
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "uv sync --frozen --no-dev" in dockerfile
+    assert "USER carryover" in dockerfile and 'ENTRYPOINT ["carryover"]' in dockerfile
