@@ -77,7 +77,10 @@ class SimServer:
 
     async def start(self) -> None:
         await self.engine.start()
-        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
+        # A stop is a crash as far as clients can tell: in-flight requests are cut, not drained.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, self.config.host, self.config.port).start()
 

@@ -1,0 +1,228 @@
+"""Faults under a steady multi-turn load through two router processes sharing Redis.
+
+Every case checks: each request either succeeded or got a clean OpenAI-style error (no hang,
+no stream cut without an error event); no answer differs from the no-reuse reference; no
+handle was read from D twice; reuse comes back once the fault clears. The table of all cases
+is written to ``results/faults/`` (``bench/faults_report.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.faults_report import FaultRow, write_faults_report
+from tests.faults.harness import Harness, Outcome, harness, steady_load
+
+RESULTS = Path(__file__).parents[2] / "results" / "faults"
+_rows: list[FaultRow] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Iterator[None]:
+    yield
+    if _rows:
+        write_faults_report(_rows, RESULTS)
+
+
+async def run_case(
+    h: Harness,
+    name: str,
+    inject: Callable[[], Awaitable[None]],
+    clear: Callable[[], Awaitable[None]],
+    *,
+    fault_seconds: float = 1.5,
+    unclean_allowed: int = 0,
+    note: str = "",
+) -> Outcome:
+    async with steady_load(h) as outcome:
+        await asyncio.sleep(1.5)
+        assert outcome.paths["reuse"] > 0, "no reuse before the fault"
+        await inject()
+        await asyncio.sleep(fault_seconds)
+        await clear()
+        cleared = time.monotonic()
+        for _ in range(100):
+            if outcome.first_reuse_after(cleared) is not None:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+    recovery = outcome.first_reuse_after(cleared)
+    double = await h.double_reads()
+    _rows.append(
+        FaultRow(
+            name,
+            outcome.sent,
+            outcome.failed,
+            outcome.unclean,
+            outcome.wrong,
+            double,
+            recovery,
+            dict(outcome.paths),
+            note,
+        )
+    )
+    assert outcome.unclean <= unclean_allowed, outcome.errors
+    assert outcome.wrong == 0, outcome.errors
+    assert double == 0
+    assert recovery is not None, "reuse did not come back after the fault cleared"
+    return outcome
+
+
+async def test_redis_killed_and_restarted(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+
+        async def kill() -> None:
+            h.redis.kill()
+
+        async def start() -> None:
+            h.redis.start()
+
+        outcome = await run_case(h, "redis killed, restarted", kill, start)
+        assert outcome.paths["cold-error"] > 0 and outcome.failed == 0
+
+
+async def test_redis_slow(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+
+        async def freeze() -> None:
+            h.redis.pause()  # every call now exceeds the 0.1 s store timeout
+
+        async def thaw() -> None:
+            h.redis.resume()
+
+        outcome = await run_case(h, "redis slow (frozen)", freeze, thaw)
+        assert outcome.paths["cold-error"] > 0 and outcome.failed == 0
+
+
+async def test_decode_killed_mid_stream_and_restarted(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+
+        async def kill() -> None:
+            await h.decode[0].stop()
+
+        async def restart() -> None:
+            await h.replace(h.decode, 0)  # same port, new engine id
+
+        await run_case(
+            h,
+            "decode killed mid-stream, restarted with a new engine id",
+            kill,
+            restart,
+            note="streams cut by the kill end with an SSE error event; stored handles of the old engine are stale",
+        )
+
+
+async def test_prefill_returning_500s(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+
+        async def fail() -> None:
+            await h.client.post(h.prefill[0].url + "/sim/faults", json={"error_rate": 1.0})
+
+        async def heal() -> None:
+            await h.client.post(h.prefill[0].url + "/sim/faults", json={"error_rate": 0.0})
+
+        outcome = await run_case(h, "one prefill answering 500", fail, heal)
+        assert outcome.failed == 0
+
+
+async def test_prefill_hanging(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+
+        async def hang() -> None:
+            await h.client.post(h.prefill[0].url + "/sim/faults", json={"hang": True})
+
+        async def heal() -> None:
+            await h.client.post(h.prefill[0].url + "/sim/faults", json={"hang": False})
+
+        outcome = await run_case(h, "one prefill hanging", hang, heal, fault_seconds=3)
+        assert outcome.failed == 0
+
+
+async def test_all_prefills_down(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+
+        async def down() -> None:
+            for p in h.prefill:
+                await p.stop()
+
+        async def up() -> None:
+            for i in range(len(h.prefill)):
+                await h.replace(h.prefill, i)
+
+        outcome = await run_case(
+            h,
+            "all prefills down",
+            down,
+            up,
+            note="served by decode alone (do_remote_prefill: false), which still returns handles",
+        )
+        assert outcome.failed == 0
+
+
+async def test_handle_expiring_while_queued(tmp_path: Path) -> None:
+    # D pins for 6 s, so P declines a read 1 s after the pin; a slow P makes handles expire
+    # while the turn waits. The router believes 480 s and learns it from P's fast 500.
+    async with harness(tmp_path, d_sim={"ttl": 6.0}) as h:
+
+        async def slow() -> None:
+            for p in h.prefill:
+                await h.client.post(p.url + "/sim/faults", json={"slow": 1.2})
+
+        async def fast() -> None:
+            for p in h.prefill:
+                await h.client.post(p.url + "/sim/faults", json={"slow": 0.0})
+
+        outcome = await run_case(h, "handle expiring while queued", slow, fast, fault_seconds=4)
+        assert outcome.failed == 0
+
+
+async def test_render_backend_down(tmp_path: Path) -> None:
+    async with harness(tmp_path, with_render=True) as h:
+        assert h.render is not None
+        render = h.render
+
+        async def down() -> None:
+            await render.stop()
+
+        async def up() -> None:
+            servers = [render]
+            await h.replace(servers, 0)
+            h.render = servers[0]
+
+        outcome = await run_case(
+            h,
+            "render backend down",
+            down,
+            up,
+            note="turns continue unchecked by nobody: no handle is attached while ids are unknown",
+        )
+        assert outcome.paths["cold-error"] > 0 and outcome.failed == 0
+
+
+async def test_router_killed_mid_stream(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        victim = h.routers[0]
+
+        async def kill() -> None:
+            assert victim.process is not None
+            os.kill(victim.process.pid, signal.SIGKILL)
+            h.dead_routers.add(0)
+
+        async def nothing() -> None:
+            return None
+
+        outcome = await run_case(
+            h,
+            "one router killed mid-stream",
+            kill,
+            nothing,
+            note="requests in flight on the killed router fail with a closed connection; the other router keeps serving the same conversations from Redis",
+        )
+        assert outcome.paths["reuse"] > 0
