@@ -1,4 +1,4 @@
-"""The fault suite's table: fault × requests sent × failed × wrong × recovery seconds."""
+"""The fault suite's table: per fault, requests sent, failed, wrong and recovery seconds."""
 
 from __future__ import annotations
 
