@@ -201,7 +201,7 @@ async def test_render_backend_down(tmp_path: Path) -> None:
             "render backend down",
             down,
             up,
-            note="turns continue unchecked by nobody: no handle is attached while ids are unknown",
+            note="turns continue without reuse: without the prompt ids nothing can be checked, so no handle is attached",
         )
         assert outcome.paths["cold-error"] > 0 and outcome.failed == 0
 
