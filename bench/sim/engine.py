@@ -380,6 +380,8 @@ class SimEngine:
             for request_id, hold in list(self._holds.items()):
                 if now >= hold.deadline:
                     log.warning("Releasing expired KV blocks for request %s", request_id)
+                    if hold.pinned:
+                        self.metrics.pin_expired()
                     self._drop_hold(request_id)
 
     # -- scheduler ---------------------------------------------------------------------------

@@ -55,6 +55,9 @@ class EngineMetrics:
             "vllm:nixl_num_notifications_after_expiry", "Reads of blocks no longer held."
         )
         self._transfers = counter("vllm:nixl_xfer_tokens", "Tokens read over NIXL (sim only).")
+        self._expired_pins = counter(
+            "sim:expired_pins", "Pinned turns released at their TTL, never read (sim only)."
+        )
         # vLLM's /metrics carries the default process collector; a router reads a restart here.
         self._start = Gauge(
             "process_start_time_seconds", "Start time of the engine.", registry=self.registry
@@ -96,6 +99,9 @@ class EngineMetrics:
 
     def notification_after_expiry(self) -> None:
         self._after_expiry.labels(**self._labels).inc()
+
+    def pin_expired(self) -> None:
+        self._expired_pins.labels(**self._labels).inc()
 
     def transferred(self, tokens: int) -> None:
         self._transfers.labels(**self._labels).inc(tokens)

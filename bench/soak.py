@@ -1,0 +1,202 @@
+"""Soak: many live conversations through two routers sharing Redis, bounded in count and time.
+
+Reports, every few seconds, the routers' RSS, the number of records in Redis and the handles
+decode instances hold; at the end, handles that expired unused. A steady system shows no
+growth trend in RSS or keys once the conversation population is stable.
+
+``python -m bench.soak --conversations 1000 --minutes 10`` (defaults are the issue's numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from bench.local_redis import local_redis
+from bench.overhead import _tree
+from bench.procs import topology
+
+
+def _rss_mb(pid: int) -> float:
+    total = 0
+    for p in _tree(pid):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def _gauge(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope (units per minute) of the second half of a series."""
+    half = points[len(points) // 2 :]
+    if len(half) < 2:
+        return 0.0
+    mx = sum(x for x, _ in half) / len(half)
+    my = sum(y for _, y in half) / len(half)
+    var = sum((x - mx) ** 2 for x, _ in half)
+    return 60 * sum((x - mx) * (y - my) for x, y in half) / var if var else 0.0
+
+
+async def _conversation(
+    urls: list[str], stop: float, rng: random.Random, counts: dict[str, int]
+) -> None:
+    async with httpx.AsyncClient(timeout=60) as client:
+        while time.monotonic() < stop:
+            cid = uuid.uuid4().hex
+            messages: list[dict[str, Any]] = []
+            for turn in range(rng.randint(2, 8)):
+                if time.monotonic() >= stop:
+                    return
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": f"[{cid} {turn}] " + "garden river stone " * rng.randint(20, 80),
+                    }
+                )
+                body = {
+                    "model": "sim-qwen3",
+                    "messages": messages,
+                    "max_tokens": 24,
+                    "ignore_eos": True,
+                    "conversation_id": cid,
+                }
+                try:
+                    r = await client.post(
+                        urls[turn % len(urls)] + "/v1/chat/completions", json=body
+                    )
+                except httpx.HTTPError:
+                    counts["errors"] += 1
+                    break
+                counts["requests"] += 1
+                if r.status_code != 200:
+                    counts["errors"] += 1
+                    break
+                messages.append(
+                    {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
+                )
+                await asyncio.sleep(rng.uniform(1.0, 6.0))  # think time keeps the rate bounded
+
+
+async def _drive(
+    urls: list[str], conversations: int, seconds: float, seed: int, counts: dict[str, int]
+) -> None:
+    rng = random.Random(seed)
+    stop = time.monotonic() + seconds
+    await asyncio.gather(
+        *(
+            _conversation(urls, stop, random.Random(rng.random()), counts)
+            for _ in range(conversations)
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--conversations", type=int, default=1000)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument(
+        "--ttl", type=float, default=60.0, help="decoder_kv_blocks_ttl of the simulated D"
+    )
+    parser.add_argument("--out", type=Path, default=Path("results/soak"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    seconds = args.minutes * 60
+    samples: list[dict[str, float]] = []
+    counts = {"requests": 0, "errors": 0}
+    with local_redis() as redis_url, topology() as topo:
+        ttl_config = {"decoder_kv_blocks_ttl": args.ttl}
+        ps = [
+            topo.sim(f"prefill-{i}", "kv_producer", speed=0.05, extra_config=ttl_config)
+            for i in range(2)
+        ]
+        ds = [
+            topo.sim(f"decode-{i}", "kv_consumer", speed=0.05, extra_config=ttl_config)
+            for i in range(2)
+        ]
+        flags = (
+            "--redis",
+            redis_url,
+            "--decoder-kv-blocks-ttl",
+            str(args.ttl),
+            "--queue-margin",
+            "5",
+        )
+        routers = [topo.router(f"router-{i}", ps, ds, *flags) for i in range(2)]
+        topo.wait()
+        store = redis.Redis.from_url(redis_url)
+        started = time.monotonic()
+
+        async def sample_loop() -> None:
+            while time.monotonic() - started < seconds + args.interval:
+                texts = [
+                    (await asyncio.to_thread(httpx.get, d.url + "/metrics", timeout=5)).text
+                    for d in ds
+                ]
+                samples.append(
+                    {
+                        "t": time.monotonic() - started,
+                        "router_rss_mb": sum(_rss_mb(r.popen.pid) for r in routers),
+                        "store_keys": float(store.dbsize()),
+                        "pinned_handles": sum(_gauge(t, "sim:pinned_handles") for t in texts),
+                        "expired_unused": sum(_gauge(t, "sim:expired_pins_total") for t in texts),
+                        "requests": counts["requests"],
+                    }
+                )
+                await asyncio.sleep(args.interval)
+
+        async def run() -> None:
+            await asyncio.gather(
+                _drive([r.url for r in routers], args.conversations, seconds, args.seed, counts),
+                sample_loop(),
+            )
+
+        asyncio.run(run())
+    rss = [(s["t"], s["router_rss_mb"]) for s in samples]
+    keys = [(s["t"], s["store_keys"]) for s in samples]
+    summary = {
+        "conversations": args.conversations,
+        "seconds": seconds,
+        "requests": counts["requests"],
+        "errors": counts["errors"],
+        "router_rss_mb_first_last": [rss[0][1], rss[-1][1]] if rss else None,
+        "router_rss_slope_mb_per_min_second_half": _slope(rss),
+        "store_keys_slope_per_min_second_half": _slope(keys),
+        "handles_expired_unused": samples[-1]["expired_unused"] if samples else None,
+        "note": "handles expire unused when a conversation ends without DELETE /v1/conversations/{id}",
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "soak.json").write_text(
+        json.dumps({"summary": summary, "samples": samples}, indent=2)
+    )
+    lines = [
+        "# Soak",
+        "",
+        "| t (s) | router RSS (MB) | store keys | pinned handles | expired unused | requests |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {s['t']:.0f} | {s['router_rss_mb']:.0f} | {s['store_keys']:.0f} | {s['pinned_handles']:.0f} "
+        f"| {s['expired_unused']:.0f} | {s['requests']:.0f} |"
+        for s in samples
+    ]
+    lines += ["", "```", json.dumps(summary, indent=2), "```", ""]
+    (args.out / "soak.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Graceful shutdown: streams in flight finish and their records are committed."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.support.redis_server import RedisServer
+from tests.support.stack import chat_turn, stack
+
+TEXT = (
+    "Tell me slowly about rivers and stones in an old garden, and the gardener, season by season. "
+)
+
+
+async def test_sigterm_lets_streams_finish_and_commit(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    flags = ("--redis", redis_server.url)
+    # Real-time decode steps (7 ms each): a 150-token answer streams for about a second.
+    async with stack(
+        tmp_path, routers=2, router_flags=flags, sim={"threshold": 16, "speed": 1.0}
+    ) as s:
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT * 2}]
+        victim = s.routers[0]
+        stream = asyncio.create_task(
+            chat_turn(
+                s.client,
+                victim.url,
+                messages,
+                stream=True,
+                conversation_id=conversation,
+                max_tokens=150,
+                ignore_eos=True,
+            )
+        )
+        await asyncio.sleep(0.4)  # the stream is under way
+        assert victim.process is not None
+        victim.process.send_signal(signal.SIGTERM)
+        got = await stream
+        assert got.status == 200 and got.chunks[-1] == "[DONE]"
+        assert not any(isinstance(c, dict) and "error" in c for c in got.chunks)
+        await asyncio.to_thread(victim.process.wait, 30)
+        # Its record was committed before it went: the other router reuses it.
+        messages += [
+            {"role": "assistant", "content": got.content},
+            {"role": "user", "content": TEXT},
+        ]
+        nxt = await chat_turn(s.client, s.routers[1].url, messages, conversation_id=conversation)
+        assert nxt.path == "reuse"

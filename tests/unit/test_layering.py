@@ -1,0 +1,41 @@
+"""Dependencies point one way (DESIGN.md): state knows nothing of the router, HTTP or Litestar;
+the router never reaches into bench."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def imports_of(folder: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / folder).rglob("*.py"):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_state_imports_no_router_http_or_web_framework() -> None:
+    for path, names in imports_of("state").items():
+        assert not names & {"router", "bench", "litestar", "httpx", "aiohttp", "granian"}, path
+
+
+def test_router_does_not_import_bench_except_cli_dispatch() -> None:
+    for path, names in imports_of("router").items():
+        if path == "router/cli.py":
+            continue  # `carryover sim|bench|demo` hand over to bench, lazily
+        assert "bench" not in names, path
+
+
+def test_the_simulator_uses_only_public_pieces_of_router() -> None:
+    for path, names in imports_of("bench/sim").items():
+        if "router" in names:
+            source = (ROOT / path).read_text()
+            assert "from router.render.chat_template import" in source, path
