@@ -56,6 +56,11 @@ class Breaker:
             return "closed"
         return "half_open" if self.trial_in_flight else "open"
 
+    def begin(self) -> None:
+        """A request is going out: if the circuit is open, this is its one trial."""
+        if self.opened_at is not None:
+            self.trial_in_flight = True
+
     def success(self) -> None:
         self.failures = 0
         self.opened_at = None
@@ -64,8 +69,8 @@ class Breaker:
     def failure(self, now: float) -> None:
         self.failures += 1
         self.trial_in_flight = False
-        if self.failures >= self.threshold:
-            self.opened_at = now
+        if self.failures >= self.threshold or self.opened_at is not None:
+            self.opened_at = now  # a failed trial opens it for another reset period
 
 
 @dataclass(eq=False)

@@ -8,7 +8,7 @@ import msgspec
 
 from router.errors import EngineFailed
 
-__all__ = ["DecodeOutput", "strip_response"]
+__all__ = ["DecodeOutput"]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -75,9 +75,3 @@ class DecodeOutput:
         """A non-streamed D answer, as the client gets it."""
         self._take(obj)
         return _encoder.encode(obj)
-
-
-def strip_response(obj: dict[str, Any]) -> dict[str, Any]:
-    """Remove every engine-internal field from an arbitrary engine answer."""
-    obj.pop("kv_transfer_params", None)
-    return obj

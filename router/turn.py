@@ -15,6 +15,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from router.config import ModelConfig, RouterConfig
 from router.errors import EngineFailed, EngineUnavailable, UpstreamError
 from router.metrics import RouterMetrics, turn_bucket
@@ -277,6 +279,7 @@ class TurnRunner:
                 if with_handle:
                     prepared.spend_handle(prepared.path)  # sent once, whatever happens next
                 instance.in_flight += 1
+                instance.breaker.begin()
                 try:
                     answer = await self._upstream.post_json(
                         f"{instance.url}{req.path}",
@@ -354,6 +357,7 @@ class TurnRunner:
             decode = self._pick_decode(req, tried)
             body = self._decode_body(req, prepared.ids, p_params)
             decode.in_flight += 1
+            decode.breaker.begin()
             started = time.perf_counter()
             try:
                 answer = await self._upstream.post_json(
@@ -403,6 +407,7 @@ class TurnRunner:
                 headers={"X-Request-Id": req.request_id},
             )
             decode.in_flight += 1
+            decode.breaker.begin()
             try:
                 response = await context.__aenter__()
                 lines = iter_sse(response, idle_timeout=self._config.timeouts.first_byte)
@@ -550,8 +555,6 @@ class TurnRunner:
 
 
 def _sse_error(exc: UpstreamError) -> bytes:
-    import msgspec
-
     body = {
         "error": {
             "message": exc.message,

@@ -439,3 +439,24 @@ async def test_metrics_and_surface(client: httpx.AsyncClient) -> None:
             await post(client, p, "/v1/chat/completions/render", chat_body([user("hi")]))
         ).json()
         assert rendered["token_ids"] == await tokenize(client, p, [user("hi")])
+
+
+async def test_prefill_without_bidirectional_flag_hangs_on_a_decode_handle(
+    client: httpx.AsyncClient,
+) -> None:
+    # Unverified in vLLM, inferred from pull_scheduler.py (vllm-protocol.md §1.9): a P without
+    # bidirectional_kv_xfer still reports the external tokens but never registers the receive,
+    # so the request waits in WAITING_FOR_REMOTE_KVS. The simulator hangs the same way.
+    async with pd_pair(p_bidirectional=False) as (p, d):
+        d1, _ = await pd_chat(client, p, d, chat_body([user(LONG)]))
+        assert d1["kv_transfer_params"]["do_remote_decode"] is True  # D still pins and returns one
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(
+                p.url + "/v1/chat/completions",
+                json={
+                    **chat_body([user(LONG), {"role": "assistant", "content": "x"}, user("y")]),
+                    "max_tokens": 1,
+                    "kv_transfer_params": d1["kv_transfer_params"],
+                },
+                timeout=0.5,
+            )
