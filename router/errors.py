@@ -39,6 +39,7 @@ __all__ = [
     "Unauthorized",
     "UpstreamError",
     "error_body",
+    "is_client_fault",
 ]
 
 
@@ -113,6 +114,15 @@ class EngineFailed(UpstreamError):
         if status is not None and 400 <= status < 500:
             self.status_code = status
             self.error_type = "BadRequestError"
+
+
+def is_client_fault(exc: BaseException) -> bool:
+    """An engine's own 4xx: the request is wrong, so no other instance would do better."""
+    return (
+        isinstance(exc, EngineFailed)
+        and exc.upstream_status is not None
+        and exc.upstream_status < 500
+    )
 
 
 class EngineTimeout(UpstreamError):

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from router.config import ModelConfig, RouterConfig
-from router.errors import EngineFailed, EngineUnavailable, UpstreamError
+from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
 from router.metrics import RouterMetrics, turn_bucket
 from router.policy import pick_decode, pick_prefill
 from router.pool import Instance, InstancePool, streams_handles
@@ -288,11 +288,7 @@ class TurnRunner:
                         headers={"X-Request-Id": req.request_id},
                     )
                 except UpstreamError as exc:
-                    if (
-                        isinstance(exc, EngineFailed)
-                        and exc.upstream_status is not None
-                        and exc.upstream_status < 500
-                    ):
+                    if is_client_fault(exc):
                         raise
                     if with_handle and isinstance(exc, EngineFailed) and exc.upstream_status == 500:
                         # A stale or expired handle: vLLM answers a fast 500 (bidir-cpu Q8).
@@ -367,11 +363,7 @@ class TurnRunner:
                     headers={"X-Request-Id": req.request_id},
                 )
             except UpstreamError as exc:
-                if (
-                    isinstance(exc, EngineFailed)
-                    and exc.upstream_status is not None
-                    and exc.upstream_status < 500
-                ):
+                if is_client_fault(exc):
                     raise
                 self._pool.failed(decode, exc)
                 self._metrics.retries.labels("decode_failed").inc()
@@ -415,11 +407,7 @@ class TurnRunner:
             except (UpstreamError, StopAsyncIteration) as exc:
                 decode.in_flight -= 1
                 await context.__aexit__(None, None, None)
-                if (
-                    isinstance(exc, EngineFailed)
-                    and exc.upstream_status is not None
-                    and exc.upstream_status < 500
-                ):
+                if is_client_fault(exc):
                     raise
                 error = exc if isinstance(exc, UpstreamError) else EngineFailed("empty stream")
                 self._pool.failed(decode, error)

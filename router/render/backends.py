@@ -53,18 +53,22 @@ class EngineTokenize:
         self._upstream = upstream
         self._timeout = timeout
 
-    async def _post(self, url: str | None, body: dict[str, Any]) -> list[int]:
-        if url is None:
-            raise RenderFailed("no prefill instance to tokenize with")
+    async def _call(self, url: str, body: dict[str, Any], field: str) -> list[int]:
+        """POST to a render endpoint and take the ids from ``field`` of its answer."""
         try:
-            answer = await self._upstream.post_json(f"{url}/tokenize", body, timeout=self._timeout)
+            answer = await self._upstream.post_json(url, body, timeout=self._timeout)
         except EngineFailed as exc:
             if exc.upstream_status is not None and 400 <= exc.upstream_status < 500:
-                raise ClientError(exc.message) from exc
+                raise ClientError(exc.message) from exc  # the request itself cannot render
             raise RenderFailed(exc.message) from exc
         except UpstreamError as exc:
             raise RenderFailed(exc.message) from exc
-        return _ids(answer.get("tokens") if isinstance(answer, dict) else None)
+        return _ids(answer.get(field) if isinstance(answer, dict) else None)
+
+    async def _post(self, url: str | None, body: dict[str, Any]) -> list[int]:
+        if url is None:
+            raise RenderFailed("no prefill instance to tokenize with")
+        return await self._call(f"{url}/tokenize", body, "tokens")
 
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
         request = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
@@ -86,17 +90,7 @@ class RenderServer(EngineTokenize):
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
         request = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
         request["model"] = model
-        try:
-            answer = await self._upstream.post_json(
-                f"{self._url}/v1/chat/completions/render", request, timeout=self._timeout
-            )
-        except EngineFailed as exc:
-            if exc.upstream_status is not None and 400 <= exc.upstream_status < 500:
-                raise ClientError(exc.message) from exc
-            raise RenderFailed(exc.message) from exc
-        except UpstreamError as exc:
-            raise RenderFailed(exc.message) from exc
-        return _ids(answer.get("token_ids") if isinstance(answer, dict) else None)
+        return await self._call(f"{self._url}/v1/chat/completions/render", request, "token_ids")
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
         return await super().text(prompt, model, self._url)

@@ -68,6 +68,6 @@ async def real_router(
     vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
 ) -> AsyncIterator[RouterProcess]:
     router = RouterProcess(router_flags(vllm_pair, redis_server), tmp_path)
-    await router.start(timeout=60)
+    await router.start(timeout=180)
     yield router
     router.stop()

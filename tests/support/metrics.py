@@ -6,9 +6,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def scrape(base_url: str) -> dict[str, float]:
-    """``{"name{label=value,...}": value}`` with labels sorted; ``name`` alone sums a metric."""
-    text = httpx.get(f"{base_url}/metrics", timeout=5).text
+def parse(text: str) -> dict[str, float]:
+    """``{"name{label=value,...}": value}`` with labels sorted (model and engine left out);
+    ``name:sum`` adds up every label set of a metric."""
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -22,15 +22,9 @@ def scrape(base_url: str) -> dict[str, float]:
     return values
 
 
+def scrape(base_url: str) -> dict[str, float]:
+    return parse(httpx.get(f"{base_url}/metrics", timeout=5).text)
+
+
 async def ascrape(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
-    text = (await client.get(f"{base_url}/metrics")).text
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(
-                f"{k}={v}"
-                for k, v in sorted(sample.labels.items())
-                if k not in ("model_name", "engine")
-            )
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
+    return parse((await client.get(f"{base_url}/metrics")).text)
