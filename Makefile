@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-UV ?= $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+# uv from PATH, else the one pip installs into this python (bootstrap does that when missing).
+UV ?= $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 PYTEST_ARGS ?=
 
 .PHONY: help bootstrap redis-server vllm-env demo test test-fast test-vllm lint bench
@@ -11,7 +12,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 bootstrap: ## install uv if missing and the locked environment
-	@command -v $(UV) >/dev/null 2>&1 || { echo "installing uv"; python3 -m pip install --quiet --user uv || python3 -m pip install --quiet uv; }
+	@$(UV) --version >/dev/null 2>&1 || { echo "installing uv"; python3 -m pip install --quiet uv; }
 	@$(UV) sync --frozen --quiet
 
 redis-server: ## make sure a redis-server binary exists (tests start their own servers)
