@@ -41,8 +41,12 @@ class Process:
             try:
                 self.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+                pass
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)  # whatever of the group is left
+        except ProcessLookupError:
+            pass
+        self.popen.wait()
 
 
 def _wait_ready(process: Process, path: str, timeout: float) -> None:
@@ -75,6 +79,7 @@ class Topology:
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # a router's granian workers are its children
         )
         process = Process(name, f"http://127.0.0.1:{port}", popen, log)
         self.processes.append(process)

@@ -37,12 +37,14 @@ def test_short_bench_run_writes_every_arm(tmp_path: Path) -> None:
     data = json.loads(files["json"].read_text())
     assert set(data["arms"]) == set(arms)
     for arm in arms:
-        assert sorted(int(t) for t in data["arms"][arm]["turns"]) == [1, 2, 3]
-        assert data["arms"][arm]["failed"] == 0
+        assert sorted(int(t) for t in data["arms"][arm]["turns"]) == [1, 2, 3], data["arms"][arm]
+        assert data["arms"][arm]["failed"] == 0, files["turns"].read_text()[-2000:]
     assert data["arms"]["carryover"]["answers_differing_from_baseline"] == 0
     assert data["arms"]["colocated"]["answers_differing_from_baseline"] == 0
     paths = data["arms"]["carryover"]["paths"]
-    assert paths.get("cold-miss") == 3 and paths.get("reuse", 0) + paths.get("partial", 0) >= 4
+    assert paths.get("cold-miss") == 3 and paths.get("reuse", 0) + paths.get("partial", 0) >= 4, (
+        paths
+    )
     markdown = files["markdown"].read_text()
     for arm in arms:
         assert f"| {arm} |" in markdown

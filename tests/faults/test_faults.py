@@ -9,8 +9,6 @@ is written to ``results/faults/`` (``bench/faults_report.py``).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -211,9 +209,8 @@ async def test_router_killed_mid_stream(tmp_path: Path) -> None:
         victim = h.routers[0]
 
         async def kill() -> None:
-            assert victim.process is not None
-            os.kill(victim.process.pid, signal.SIGKILL)
             h.dead_routers.add(0)
+            victim.kill()  # SIGKILL to the router and its workers
 
         async def nothing() -> None:
             return None

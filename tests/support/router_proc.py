@@ -36,6 +36,7 @@ class RouterProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            start_new_session=True,  # granian's workers are children: signal the whole group
         )
 
     async def start(self, timeout: float = 30.0, *, ready: bool = True) -> None:
@@ -55,21 +56,27 @@ class RouterProcess:
                 except httpx.HTTPError:
                     pass
                 await asyncio.sleep(0.05)
-        raise RuntimeError(f"router did not start: {self.log_path.read_text()[-2000:]}")
+        log = self.log_path.read_text()[-2000:]
+        self.kill()
+        raise RuntimeError(f"router did not start: {log}")
 
     def stop(self) -> None:
+        """Graceful stop (SIGINT, as an operator would), then nothing of the group left."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
+                pass
+        self.kill()
 
     def kill(self) -> None:
+        """SIGKILL to the router and its workers."""
         if self.process is not None:
-            self.process.kill()
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.process.wait()
             self.process = None
 
