@@ -19,13 +19,14 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
-from router.auth import Authenticator
+from router.auth import DEFAULT_TENANT, Authenticator
 from router.config import ModelConfig, RouterConfig
 from router.errors import (
     BadConversationId,
     CarryoverError,
     EngineUnavailable,
     ModelNotFound,
+    NotFound,
     error_body,
 )
 from router.metrics import RouterMetrics
@@ -117,6 +118,14 @@ def _resolve_model(services: Services, name: str | None) -> tuple[ModelConfig, s
     raise ModelNotFound(f"The model `{name}` does not exist.")
 
 
+def _conversation_key(tenant: str, model_name: str, conversation_id: str) -> ConversationKey:
+    try:
+        # A model whose name is not known yet (discovery pending) still gets one namespace.
+        return ConversationKey(tenant, model_name or "default", conversation_id)
+    except InvalidIdentifier as exc:
+        raise BadConversationId(str(exc)) from exc
+
+
 def _conversation_id(request: Request[Any, Any, Any], body: dict[str, Any]) -> str | None:
     value: str | None = body.pop("conversation_id", None)
     if value is None:
@@ -138,10 +147,7 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
     model, model_name = _resolve_model(services, view.model)
     key = None
     if conversation_id is not None:
-        try:
-            key = ConversationKey(tenant, model_name or "default", conversation_id)
-        except InvalidIdentifier as exc:
-            raise BadConversationId(str(exc)) from exc
+        key = _conversation_key(tenant, model_name, conversation_id)
     turn = None
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")
@@ -269,10 +275,7 @@ async def end_conversation(
     services = _services(request)
     tenant = services.auth.tenant(request.headers.get("authorization"))
     model, model_name = _resolve_model(services, request.query_params.get("model"))
-    try:
-        key = ConversationKey(tenant, model_name or "default", conversation_id)
-    except InvalidIdentifier as exc:
-        raise BadConversationId(str(exc)) from exc
+    key = _conversation_key(tenant, model_name, conversation_id)
     try:
         record = await services.store.delete(key)
     except StoreUnavailable as exc:
@@ -295,18 +298,15 @@ async def inspect_conversation(
     """A record's summary (never its handle or block ids)."""
     services = _services(request)
     services.auth.admin(request.headers.get("authorization"))
-    tenant = request.query_params.get("tenant") or "default"
+    tenant = request.query_params.get("tenant") or DEFAULT_TENANT
     _, model_name = _resolve_model(services, request.query_params.get("model"))
-    try:
-        key = ConversationKey(tenant, model_name or "default", conversation_id)
-    except InvalidIdentifier as exc:
-        raise BadConversationId(str(exc)) from exc
+    key = _conversation_key(tenant, model_name, conversation_id)
     try:
         record = await services.store.get(key)
     except StoreUnavailable as exc:
         raise EngineUnavailable("conversation state is unavailable") from exc
     if record is None:
-        raise ModelNotFound("no record for this conversation")
+        raise NotFound("no record for this conversation")
     now = time.time()
     summary = {
         "id": conversation_id,
@@ -330,7 +330,7 @@ async def drain_instance(request: Request[Any, Any, Any], name: str) -> Response
     services.auth.admin(request.headers.get("authorization"))
     instance = services.pool.by_name.get(name)
     if instance is None:
-        raise ModelNotFound(f"no instance named {name!r}")
+        raise NotFound(f"no instance named {name!r}")
     undo = request.query_params.get("undo") in ("1", "true")
     instance.draining = not undo
     return _json(

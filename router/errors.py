@@ -7,7 +7,7 @@
     │   ├── BadConversationId     400
     │   ├── Unauthorized          401
     │   ├── Forbidden             403
-    │   ├── ModelNotFound         404
+    │   ├── NotFound              404  (ModelNotFound: an unknown model)
     │   └── BodyTooLarge          413
     └── UpstreamError (5xx)
         ├── EngineUnavailable     503  no healthy instance for a leg
@@ -36,6 +36,7 @@ __all__ = [
     "Forbidden",
     "KvParamsRefused",
     "ModelNotFound",
+    "NotFound",
     "Unauthorized",
     "UpstreamError",
     "error_body",
@@ -82,9 +83,12 @@ class Forbidden(ClientError):
     error_type = "PermissionDeniedError"
 
 
-class ModelNotFound(ClientError):
+class NotFound(ClientError):
     status_code = 404
     error_type = "NotFoundError"
+
+
+class ModelNotFound(NotFound):
     param = "model"
 
 
