@@ -45,6 +45,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-timeout", type=float)
     p.add_argument("--first-byte-timeout", type=float)
     p.add_argument("--store-timeout", type=float)
+    p.add_argument("--health-timeout", type=float, help="one health or metrics probe (default 1 s)")
     p.add_argument("--health-interval", type=float)
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--max-messages", type=int)
@@ -98,7 +99,11 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
     if args.expose_path_header or env.get(_ENV_PREFIX + "EXPOSE_PATH_HEADER") == "1":
         router["expose_path_header"] = True
     timeouts = dict(router.get("timeouts", {}))
-    for key, value in (("prefill", args.prefill_timeout), ("first_byte", args.first_byte_timeout)):
+    for key, value in (
+        ("prefill", args.prefill_timeout),
+        ("first_byte", args.first_byte_timeout),
+        ("health", args.health_timeout),
+    ):
         if value is not None:
             timeouts[key] = value
     router["timeouts"] = timeouts
