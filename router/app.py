@@ -29,6 +29,7 @@ from router.errors import (
     NotFound,
     error_body,
 )
+from router.held import report_held_forever
 from router.metrics import RouterMetrics
 from router.openai import ChatView, parse_body
 from router.pool import InstancePool
@@ -378,6 +379,10 @@ def create_app(
         app.state.services = services
         await pool.start()
         discovery = asyncio.create_task(_discover_names(services))
+        decode_names = [i.name for i in pool.instances if i.role == "decode"]
+        held = asyncio.create_task(
+            report_held_forever(backend, decode_names, metrics_, config.held_interval)
+        )
         try:
             yield
         finally:
@@ -386,6 +391,7 @@ def create_app(
             while services.in_flight and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             discovery.cancel()
+            held.cancel()
             await runner.drain_background()
             await pool.stop()
             await upstream.aclose()

@@ -47,6 +47,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--store-timeout", type=float)
     p.add_argument("--health-timeout", type=float, help="one health or metrics probe (default 1 s)")
     p.add_argument("--health-interval", type=float)
+    p.add_argument("--held-interval", type=float, help="reads of handles held per decode (10 s)")
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--max-messages", type=int)
     p.add_argument("--admin-key", help="bearer key for /admin/* (prefer CARRYOVER_ADMIN_KEY)")
@@ -88,6 +89,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         ("redis", args.redis, "REDIS", str),
         ("store_timeout", args.store_timeout, "STORE_TIMEOUT", float),
         ("health_interval", args.health_interval, "HEALTH_INTERVAL", float),
+        ("held_interval", args.held_interval, "HELD_INTERVAL", float),
         ("max_body_bytes", args.max_body_bytes, "MAX_BODY_BYTES", int),
         ("max_messages", args.max_messages, "MAX_MESSAGES", int),
         ("admin_key", args.admin_key, "ADMIN_KEY", str),

@@ -124,6 +124,9 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         first_byte: D's response headers (or first chunk for streams).
         request: the whole D leg.
         health: one health or metrics probe.
+        keepalive: how long an idle pooled connection to an engine is kept. Below the
+            engines' own idle close (vLLM's uvicorn: 5 s), so that a request never goes out
+            on a connection the engine is closing at that moment (a reset, not an answer).
     """
 
     connect: float = 2.0
@@ -131,6 +134,7 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     first_byte: float = 60.0
     request: float = 900.0
     health: float = 1.0
+    keepalive: float = 4.0
 
 
 class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -147,6 +151,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         admin_key: bearer key for ``/admin/*`` (admin endpoints are off without one).
         expose_path_header: add ``X-Carryover-Path`` (reuse|partial|cold-…) to responses.
         health_interval: seconds between health and load probes of each instance.
+        held_interval: seconds between reads of the handles each decode instance holds (the
+            ``carryover_decode_handles*`` gauges).
         breaker_failures: consecutive failures that open an instance's circuit.
         breaker_reset: seconds an open circuit waits before one trial request.
         affinity_slack: how much busier (in-flight requests) the last turn's P may be and still
@@ -167,6 +173,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     expose_path_header: bool = False
     timeouts: Timeouts = Timeouts()
     health_interval: float = 1.0
+    held_interval: float = 10.0
     breaker_failures: int = 3
     breaker_reset: float = 5.0
     affinity_slack: int = 4

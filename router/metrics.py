@@ -90,6 +90,24 @@ class RouterMetrics:
             ["instance"],
             registry=r,
         )
+        self.handle_age = Histogram(
+            "carryover_handle_age_seconds",
+            "Age of a stored handle when the conversation's next turn claimed it.",
+            buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+        self.held = Gauge(
+            "carryover_decode_handles",
+            "Handles of stored records whose KV blocks the decode instance holds.",
+            ["instance"],
+            registry=r,
+        )
+        self.held_oldest = Gauge(
+            "carryover_decode_handle_oldest_age_seconds",
+            "Age of the oldest such handle (0 when there is none).",
+            ["instance"],
+            registry=r,
+        )
         self.in_flight = Gauge("carryover_in_flight", "Requests in flight.", registry=r)
 
     def instance_up(self, name: str, role: str, up: bool) -> None:

@@ -167,6 +167,8 @@ class TurnRunner:
             started = time.perf_counter()
             try:
                 record = await self._store.claim(req.key)
+                if record is not None:
+                    self._metrics.handle_age.observe(max(0.0, time.time() - record.created_at))
             except StoreUnavailable as exc:
                 store_failed = True
                 self._metrics.store_errors.labels("claim").inc()

@@ -48,7 +48,7 @@ class Upstream:
     ) -> None:
         self.timeouts = timeouts
         limits = httpx.Limits(
-            max_connections=1024, max_keepalive_connections=256, keepalive_expiry=30
+            max_connections=1024, max_keepalive_connections=256, keepalive_expiry=timeouts.keepalive
         )
         self._transport = transport or AiohttpTransport(limits=limits)
         self._urls: dict[str, httpx.URL] = {}

@@ -17,12 +17,13 @@ from state.prefix import (
 )
 from state.records import Record
 from state.redis_store import RedisStore
-from state.store import Store, StoreUnavailable
+from state.store import Held, Store, StoreUnavailable
 
 __all__ = [
     "MAX_ID_LENGTH",
     "ConversationKey",
     "HashedTokens",
+    "Held",
     "InvalidIdentifier",
     "MemoryStore",
     "Path",

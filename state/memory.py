@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from state.keys import ConversationKey
 from state.records import Record
+from state.store import Held
 
 __all__ = ["MemoryStore"]
 
@@ -73,6 +74,18 @@ class MemoryStore:
     async def count(self) -> int:
         self._sweep()
         return len(self._records)
+
+    async def held(self, instances: list[str], *, now: float) -> dict[str, Held]:
+        counts = dict.fromkeys(instances, 0)
+        oldest: dict[str, float] = {}
+        for record in self._records.values():
+            if record.decode not in counts or record.expired(now):
+                continue
+            counts[record.decode] += 1
+            oldest[record.decode] = min(
+                oldest.get(record.decode, record.created_at), record.created_at
+            )
+        return {name: Held(counts[name], oldest.get(name)) for name in instances}
 
     async def ping(self) -> None:
         return None

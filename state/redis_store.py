@@ -1,8 +1,13 @@
 """Redis store: shared by every router replica.
 
-Layout: a record is one string value, ``turn`` as 8 big-endian bytes followed by the msgpack
-record, so the commit script can compare turns without decoding msgpack. Claim is ``GETDEL``
-(one round trip); commit is one ``EVALSHA``. Epochs are plain counters.
+Layout: a record is one string value: ``turn`` as 8 big-endian bytes, the holding decode
+instance's name (2-byte length, then UTF-8), then the msgpack record. The scripts compare turns
+and find the holder without decoding msgpack. Claim and commit are one ``EVALSHA`` each.
+
+Each decode instance has two sorted sets of the record keys it holds blocks for, scored by
+expiry and by creation time (``{ns}-held:{instance}``, ``{ns}-held-since:{instance}``): the
+scripts keep them in step with the records, so "handles held per decode instance and their
+age" is a few sorted-set reads, never a scan. Epochs are plain counters.
 """
 
 from __future__ import annotations
@@ -18,35 +23,111 @@ from redis.retry import Retry
 
 from state.keys import ConversationKey
 from state.records import Record, RecordDecodeError
-from state.store import StoreUnavailable
+from state.store import Held, StoreUnavailable
 
 __all__ = ["RedisStore"]
 
 T = TypeVar("T")
 
 _TURN_BYTES = 8
+_NAME_LEN_BYTES = 2
 
-# KEYS[1] record key; ARGV[1] value (turn header + record); ARGV[2] expiry in ms.
-# Byte-wise comparison of the fixed-width big-endian header orders turns numerically.
-_COMMIT = """
-local current = redis.call('GET', KEYS[1])
-if current and string.sub(current, 1, 8) > string.sub(ARGV[1], 1, 8) then
-  return 0
+# Shared by the scripts. ARGV[1] is always the held-set prefix ("{ns}-held").
+_LUA_HELPERS = """
+local function holder(value)
+  if string.len(value) < 10 then return nil end
+  local n = string.byte(value, 9) * 256 + string.byte(value, 10)
+  return string.sub(value, 11, 10 + n)
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local function unhold(value, key)
+  local name = holder(value)
+  if name then
+    redis.call('ZREM', ARGV[1] .. ':' .. name, key)
+    redis.call('ZREM', ARGV[1] .. '-since:' .. name, key)
+  end
+end
+"""
+
+# The held sets are addressed from the scripts, not through KEYS: fine on one Redis (or a
+# replicated primary), not on Redis Cluster, where the record keys are not co-located anyway.
+# KEYS[1] record key; ARGV[2] value; ARGV[3] lifetime in ms; ARGV[4] expires_at; ARGV[5]
+# created_at. Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
+_COMMIT = (
+    _LUA_HELPERS
+    + """
+local current = redis.call('GET', KEYS[1])
+if current then
+  if string.sub(current, 1, 8) > string.sub(ARGV[2], 1, 8) then
+    return 0
+  end
+  unhold(current, KEYS[1])
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local name = holder(ARGV[2])
+local by_expiry = ARGV[1] .. ':' .. name
+local by_creation = ARGV[1] .. '-since:' .. name
+redis.call('ZADD', by_expiry, ARGV[4], KEYS[1])
+redis.call('ZADD', by_creation, ARGV[5], KEYS[1])
+-- A set outlives its newest record, never more: what is left of it then has expired.
+local lifetime = tonumber(ARGV[3])
+for _, set in ipairs({by_expiry, by_creation}) do
+  if redis.call('PTTL', set) < lifetime then
+    redis.call('PEXPIRE', set, lifetime)
+  end
+end
 return 1
+"""
+)
+
+# KEYS[1] record key. Get-and-delete, and the holder forgets it.
+_CLAIM = (
+    _LUA_HELPERS
+    + """
+local value = redis.call('GET', KEYS[1])
+if value then
+  redis.call('DEL', KEYS[1])
+  unhold(value, KEYS[1])
+end
+return value
+"""
+)
+
+# ARGV[2] now; KEYS the held sets by expiry then by creation, pairwise. Drops what expired,
+# returns count and oldest creation time per instance.
+_HELD = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', ARGV[2])
+  -- In slices: unpack() of a long list overflows Lua's stack.
+  for j = 1, #expired, 1000 do
+    redis.call('ZREM', KEYS[i + 1], unpack(expired, j, math.min(j + 999, #expired)))
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[2])
+  local oldest = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
+  table.insert(out, redis.call('ZCARD', KEYS[i]))
+  table.insert(out, oldest[2] or false)
+end
+return out
 """
 
 
 def _encode(record: Record) -> bytes:
-    return record.turn.to_bytes(_TURN_BYTES, "big") + record.to_bytes()
+    name = record.decode.encode()
+    return (
+        record.turn.to_bytes(_TURN_BYTES, "big")
+        + len(name).to_bytes(_NAME_LEN_BYTES, "big")
+        + name
+        + record.to_bytes()
+    )
 
 
 def _decode(value: bytes | str | None) -> Record | None:
     if not isinstance(value, bytes):  # the client never decodes responses; None is a miss
         return None
+    start = _TURN_BYTES + _NAME_LEN_BYTES
+    start += int.from_bytes(value[_TURN_BYTES:start], "big")
     try:
-        return Record.from_bytes(value[_TURN_BYTES:])
+        return Record.from_bytes(value[start:])
     except RecordDecodeError:
         # A record from another version of the format is a miss, not an outage.
         return None
@@ -75,6 +156,8 @@ class RedisStore:
         self._namespace = namespace
         self._owns_client = owns_client
         self._commit = client.register_script(_COMMIT)
+        self._claim = client.register_script(_CLAIM)
+        self._held = client.register_script(_HELD)
 
     @classmethod
     def from_url(
@@ -94,6 +177,10 @@ class RedisStore:
     def _key(self, key: ConversationKey) -> str:
         return key.storage_key(self._namespace)
 
+    @property
+    def _held_prefix(self) -> str:
+        return f"{self._namespace}-held"
+
     def _epoch_key(self, instance: str) -> str:
         return f"{self._namespace}-epoch:{instance}"
 
@@ -105,7 +192,9 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def claim(self, key: ConversationKey) -> Record | None:
-        value = await self._call(lambda: self._client.getdel(self._key(key)))
+        value = await self._call(
+            lambda: self._claim(keys=[self._key(key)], args=[self._held_prefix])
+        )
         return _decode(value)
 
     async def commit(self, key: ConversationKey, record: Record, *, now: float) -> bool:
@@ -113,7 +202,16 @@ class RedisStore:
         if ttl_ms <= 0:
             return False
         written = await self._call(
-            lambda: self._commit(keys=[self._key(key)], args=[_encode(record), ttl_ms])
+            lambda: self._commit(
+                keys=[self._key(key)],
+                args=[
+                    self._held_prefix,
+                    _encode(record),
+                    ttl_ms,
+                    repr(record.expires_at),
+                    repr(record.created_at),
+                ],
+            )
         )
         return bool(written)
 
@@ -148,6 +246,21 @@ class RedisStore:
                 return await scan()
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    async def held(self, instances: list[str], *, now: float) -> dict[str, Held]:
+        if not instances:
+            return {}
+        keys: list[str] = []
+        for name in instances:
+            keys += [f"{self._held_prefix}:{name}", f"{self._held_prefix}-since:{name}"]
+        answer = await self._call(
+            lambda: self._held(keys=keys, args=[self._held_prefix, repr(now)])
+        )
+        result: dict[str, Held] = {}
+        for i, name in enumerate(instances):
+            count, oldest = answer[2 * i], answer[2 * i + 1]
+            result[name] = Held(int(count), float(oldest) if oldest else None)
+        return result
 
     async def ping(self) -> None:
         await self._call(lambda: self._client.ping())

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+import msgspec
+
 from state.keys import ConversationKey
 from state.records import Record
 
-__all__ = ["Store", "StoreUnavailable"]
+__all__ = ["Held", "Store", "StoreUnavailable"]
 
 
 class StoreUnavailable(Exception):
     """The store could not answer in time. Callers serve the turn cold; they never fail it."""
+
+
+class Held(msgspec.Struct, frozen=True):
+    """The live handles whose blocks one decode instance holds for stored records.
+
+    Attributes:
+        count: how many.
+        oldest_created_at: when the oldest of them was written (``None`` when there are none).
+    """
+
+    count: int = 0
+    oldest_created_at: float | None = None
 
 
 @runtime_checkable
@@ -48,6 +62,10 @@ class Store(Protocol):
 
     async def count(self) -> int:
         """How many live records the store holds (for operations and soak reports)."""
+        ...
+
+    async def held(self, instances: list[str], *, now: float) -> dict[str, Held]:
+        """Live (unexpired, unclaimed) records by the decode instance holding their blocks."""
         ...
 
     async def ping(self) -> None:

@@ -35,6 +35,33 @@ def _free_port() -> int:
         return port
 
 
+class _StartTimedOut(RuntimeError):
+    pass
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_group_gone(popen: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Reap the leader, then poll until no process of its group is left."""
+    deadline = time.monotonic() + timeout
+    try:
+        popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(popen.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def ensure_model() -> Path:
     """The seeded random tiny Qwen3, generated on first use next to the environment."""
     python = ensure_env()
@@ -121,7 +148,19 @@ class VllmPair:
         }
         return args, env
 
-    def start(self, timeout: float = 600.0) -> None:
+    def start(self, timeout: float = 300.0, attempts: int = 2) -> None:
+        """Start both and wait for their /health. A start that hangs (seen in the kernel on
+        this 2-core machine, see ``stop``) is stopped and tried again, on the same ports."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout)
+                return
+            except _StartTimedOut:
+                self.stop()
+                if attempt == attempts:
+                    raise
+
+    def _start_once(self, timeout: float) -> None:
         model = ensure_model()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%H%M%S")
@@ -155,8 +194,7 @@ class VllmPair:
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"vLLM {instance.role} did not start within {timeout:g} s")
+                    raise _StartTimedOut(f"vLLM {instance.role} did not start within {timeout:g} s")
                 time.sleep(1)
 
     def warm_up(self) -> None:
@@ -206,18 +244,21 @@ class VllmPair:
             ).raise_for_status()
 
     def stop(self) -> None:
+        """SIGTERM to each instance's whole process group, then wait until every member is
+        gone: the engine-core children outlive the API server by seconds, and a new pair
+        started beside them hung in the kernel (``migrate_pages``) for minutes here."""
         for instance in (self.prefill, self.decode):
             if instance is None or instance.popen is None:
                 continue
-            if instance.popen.poll() is None:
-                os.killpg(instance.popen.pid, signal.SIGTERM)
-                try:
-                    instance.popen.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(instance.popen.pid, signal.SIGKILL)
-                    instance.popen.wait()
+            _signal_group(instance.popen.pid, signal.SIGTERM)
+        for instance in (self.prefill, self.decode):
+            if instance is None or instance.popen is None:
+                continue
+            if not _wait_group_gone(instance.popen, timeout=30):
+                _signal_group(instance.popen.pid, signal.SIGKILL)
+                _wait_group_gone(instance.popen, timeout=30)
             instance.popen = None
 
-    def restart(self, timeout: float = 600.0) -> None:
+    def restart(self, timeout: float = 300.0) -> None:
         self.stop()
         self.start(timeout)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from state import ConversationKey, MemoryStore, RedisStore, Store
+from state import ConversationKey, Held, MemoryStore, RedisStore, Store
 from tests.support.records import make_record
 from tests.support.redis_server import RedisServer
 
@@ -110,3 +110,30 @@ async def test_two_routers_racing_commits_end_with_the_later_turn(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_held_handles_follow_commits_claims_overwrites_and_expiry(store: Store) -> None:
+    names = ["d0", "d1", "never-used"]
+    first = make_record(1, decode="d0")
+    await store.commit(key("c1"), first, now=time.time())
+    await store.commit(key("c2"), make_record(1, decode="d0", ttl=0.4), now=time.time())
+    await store.commit(key("c3"), make_record(1, decode="d1"), now=time.time())
+    held = await store.held(names, now=time.time())
+    assert (held["d0"].count, held["d1"].count, held["never-used"].count) == (2, 1, 0)
+    assert held["d0"].oldest_created_at == pytest.approx(first.created_at, abs=1e-3)
+    assert held["never-used"].oldest_created_at is None
+
+    # A later turn of c3 is held by d0 now: d1 no longer holds anything for it.
+    await store.commit(key("c3"), make_record(2, decode="d0"), now=time.time())
+    held = await store.held(names, now=time.time())
+    assert (held["d0"].count, held["d1"].count) == (3, 0)
+
+    # A claimed record is no longer held; neither is an expired one.
+    assert await store.claim(key("c1")) is not None
+    await asyncio.sleep(0.5)
+    held = await store.held(names, now=time.time())
+    assert held["d0"].count == 1
+    assert held["d0"].oldest_created_at is not None
+    assert held["d0"].oldest_created_at > first.created_at
+    assert await store.delete(key("c3")) is not None
+    assert (await store.held(names, now=time.time()))["d0"] == Held(0, None)

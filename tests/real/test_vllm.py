@@ -70,7 +70,9 @@ def text(nonce: str, turn: int, words: int = 160) -> str:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=600) as c:
+    # vLLM closes idle connections after 5 s; a request sent on one at that moment is reset.
+    limits = httpx.Limits(keepalive_expiry=2)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as c:
         yield c
 
 

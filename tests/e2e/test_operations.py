@@ -1,0 +1,63 @@
+"""Operational metrics that span router replicas: handles held per decode instance, their age."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tests.support.metrics import ascrape
+from tests.support.stack import Stack, chat_turn, stack
+
+TEXT = "Describe, part {i}, the tides along a long coast and what the moon has to do with them. "
+
+
+async def held(s: Stack, router: int, instance: str) -> tuple[float, float]:
+    """(handles held, oldest age) as one router reports them, once its next read is in."""
+    await asyncio.sleep(0.5)  # --held-interval 0.2
+    values = await ascrape(s.client, s.routers[router].url)
+    return (
+        values.get(f"carryover_decode_handles{{instance={instance}}}", -1.0),
+        values.get(f"carryover_decode_handle_oldest_age_seconds{{instance={instance}}}", -1.0),
+    )
+
+
+async def test_handles_held_per_decode_instance_are_reported_by_every_router(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    flags = ("--redis", redis_server.url, "--held-interval", "0.2")
+    async with stack(tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}) as s:
+        decode = urlsplit(s.decode[0].url).netloc
+        conversations = [f"ops-{uuid.uuid4().hex}" for _ in range(3)]
+        histories: dict[str, list[dict[str, Any]]] = {}
+        for conversation in conversations:
+            messages = [{"role": "user", "content": TEXT.format(i=0) * 3}]
+            first = await chat_turn(
+                s.client, s.routers[0].url, messages, conversation_id=conversation
+            )
+            assert first.status == 200, first.raw
+            histories[conversation] = [*messages, {"role": "assistant", "content": first.content}]
+
+        count, oldest = await held(s, 1, decode)  # the other router sees the same fleet
+        assert count == 3
+        assert 0.4 < oldest < 30
+
+        # The next turn claims one handle (its age is observed) and leaves a new one behind.
+        conversation = conversations[0]
+        histories[conversation].append({"role": "user", "content": TEXT.format(i=1)})
+        second = await chat_turn(
+            s.client, s.routers[1].url, histories[conversation], conversation_id=conversation
+        )
+        assert second.status == 200 and second.path == "reuse"
+        values = await ascrape(s.client, s.routers[1].url)
+        assert values["carryover_handle_age_seconds_count"] == 1
+        assert values["carryover_handle_age_seconds_sum"] > 0.4
+        assert (await held(s, 0, decode))[0] == 3
+
+        # Ending conversations frees their handles.
+        for conversation in conversations[:2]:
+            ended = await s.client.delete(f"{s.routers[0].url}/v1/conversations/{conversation}")
+            assert ended.status_code == 200, ended.text
+        assert (await held(s, 1, decode))[0] == 1
