@@ -34,6 +34,7 @@ from router.metrics import RouterMetrics
 from router.openai import ChatView, parse_body
 from router.pool import InstancePool
 from router.render.backends import make_renderer
+from router.tracing import Tracing
 from router.turn import TurnRequest, TurnRunner
 from router.upstream import Upstream
 from state import (
@@ -63,6 +64,7 @@ class Services:
     metrics: RouterMetrics
     auth: Authenticator
     model_names: dict[int, str]
+    tracing: Tracing
     in_flight: int = 0
     closing: bool = False
 
@@ -155,6 +157,15 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     if len(request_id) > 128 or not request_id.isprintable():
         request_id = uuid.uuid4().hex
+    conversation_hash = _conversation_hash(conversation_id) if conversation_id else None
+    trace = services.tracing.turn(
+        request.headers,
+        request_id=request_id,
+        model=model_name,
+        tenant=tenant,
+        conversation=conversation_hash,
+        stream=bool(view.stream),
+    )
     turn_request = TurnRequest(
         model=model,
         model_name=model_name,
@@ -165,19 +176,25 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
         client_wants_ids=bool(view.return_token_ids),
         request_id=request_id,
         turn=turn,
+        trace=trace,
     )
     services.in_flight += 1
     services.metrics.in_flight.set(services.in_flight)
     started = time.perf_counter()
     outcome = None
+    error: str | None = None
     try:
         outcome = await services.runner.run(turn_request)
+    except Exception as exc:
+        error = type(exc).__name__
+        raise
     finally:
+        trace.set(path=outcome.path if outcome else "error", turn=turn_request.turn)
         log.info(
             "turn",
             extra={
                 "request_id": request_id,
-                "conversation": _conversation_hash(conversation_id) if conversation_id else None,
+                "conversation": conversation_hash,
                 "tenant": tenant,
                 "path": outcome.path if outcome else "error",
                 "turn": turn_request.turn,
@@ -188,6 +205,7 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
         if outcome is None or outcome.chunks is None:
             services.in_flight -= 1
             services.metrics.in_flight.set(services.in_flight)
+            trace.end(error)
     headers = {_PATH_HEADER: outcome.path} if services.config.expose_path_header else {}
     if outcome.chunks is not None:
         chunks = outcome.chunks
@@ -199,6 +217,7 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
             finally:
                 services.in_flight -= 1
                 services.metrics.in_flight.set(services.in_flight)
+                trace.end()
 
         return Stream(
             counted(),
@@ -375,6 +394,7 @@ def create_app(
             metrics=metrics_,
             auth=Authenticator(config.api_keys, config.admin_key),
             model_names={id(m): m.name for m in config.models if m.name is not None},
+            tracing=Tracing.from_environment(),
         )
         app.state.services = services
         await pool.start()
@@ -397,6 +417,7 @@ def create_app(
             await upstream.aclose()
             if owned_store:
                 await backend.close()
+            await asyncio.to_thread(services.tracing.shutdown)  # flushes the last spans
 
     return Litestar(
         route_handlers=[

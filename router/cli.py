@@ -40,6 +40,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-recompute-threshold", type=int)
     p.add_argument("--no-partial-reuse", action="store_true")
     p.add_argument("--no-reuse", action="store_true", help="plain P/D, no conversation state")
+    p.add_argument(
+        "--when-prefill-down",
+        choices=["decode-alone", "fail"],
+        help="no prefill can serve: D computes alone (default) or 503 at once",
+    )
     p.add_argument("--no-prefix-check", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--expose-path-header", action="store_true")
     p.add_argument("--prefill-timeout", type=float)
@@ -133,6 +138,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             "kv_recompute_threshold": pick(
                 args.kv_recompute_threshold, "KV_RECOMPUTE_THRESHOLD", int
             ),
+            "when_prefill_down": pick(args.when_prefill_down, "WHEN_PREFILL_DOWN"),
         }
         model.update({k: v for k, v in overrides.items() if v is not None})
         render_url = pick(args.render, "RENDER")

@@ -5,6 +5,7 @@ Every duration is in seconds, every size in bytes unless the name says otherwise
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -83,6 +84,10 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         partial_reuse: reuse the blocks before a divergence (on by default).
         reuse: keep conversations' KV at all (off: a plain P/D router).
         prefix_check: never off in production; off only to measure what the check prevents.
+        when_prefill_down: with no prefill instance able to serve, ``"decode-alone"`` lets D
+            compute the whole prompt (slower first token, still a handle for the next turn);
+            ``"fail"`` answers 503 at once, for fleets where a D busy prefilling would hurt
+            every stream it decodes more than a refused request hurts one client.
     """
 
     prefill: list[InstanceConfig]
@@ -96,6 +101,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partial_reuse: bool = True
     reuse: bool = True
     prefix_check: bool = True
+    when_prefill_down: Literal["decode-alone", "fail"] = "decode-alone"
 
     @property
     def record_ttl(self) -> float:
@@ -125,7 +131,7 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         request: the whole D leg.
         health: one health or metrics probe.
         keepalive: how long an idle pooled connection to an engine is kept. Below the
-            engines' own idle close (vLLM's uvicorn: 5 s), so that a request never goes out
+            engines' own idle close (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so that a request never goes out
             on a connection the engine is closing at that moment (a reset, not an answer).
     """
 

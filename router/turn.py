@@ -8,10 +8,11 @@ P at most once; a store, render or engine failure costs reuse, never the request
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from router.policy import pick_decode, pick_prefill
 from router.pool import Instance, InstancePool, streams_handles
 from router.relay import DecodeOutput
 from router.render.backends import Renderer, RenderFailed
+from router.tracing import NO_TRACE, TurnTrace
 from router.upstream import Upstream, iter_sse
 from state import (
     ConversationKey,
@@ -70,6 +72,11 @@ class TurnRequest:
     request_id: str
     turn: int | None  # chat: the number of user messages; completions: from the record
     started: float = field(default_factory=time.monotonic)
+    trace: TurnTrace = NO_TRACE
+
+    @property
+    def engine_headers(self) -> dict[str, str]:
+        return {"X-Request-Id": self.request_id, **self.trace.headers()}
 
     @property
     def path(self) -> str:
@@ -131,6 +138,16 @@ class TurnRunner:
         self._rng = rng or random.Random()
         self._background: set[asyncio.Task[bool]] = set()
 
+    @contextlib.contextmanager
+    def _leg(self, req: TurnRequest, name: str, **attributes: Any) -> Iterator[None]:
+        """Time one step of the turn: the leg histogram, and a span when tracing is on."""
+        started = time.perf_counter()
+        try:
+            with req.trace.leg(name, **attributes):
+                yield
+        finally:
+            self._metrics.legs.labels(name).observe(time.perf_counter() - started)
+
     async def drain_background(self) -> None:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
@@ -164,16 +181,15 @@ class TurnRunner:
         use_state = req.key is not None and req.model.reuse and ids is not None
         if use_state:
             assert req.key is not None
-            started = time.perf_counter()
             try:
-                record = await self._store.claim(req.key)
+                with self._leg(req, "claim"):
+                    record = await self._store.claim(req.key)
                 if record is not None:
                     self._metrics.handle_age.observe(max(0.0, time.time() - record.created_at))
             except StoreUnavailable as exc:
                 store_failed = True
                 self._metrics.store_errors.labels("claim").inc()
                 log.warning("store unavailable, turn served cold: %s", exc)
-            self._metrics.legs.labels("claim").observe(time.perf_counter() - started)
         hashed = None
         if ids is not None and use_state:
             chunk = record.prefix.chunk_size if record else chunk_size_for(req.model.block_size)
@@ -217,9 +233,8 @@ class TurnRunner:
             if isinstance(prompt, list):
                 return prompt  # token ids are taken as they are
         renderer = self._renderers[id(req.model)]
-        started = time.perf_counter()
         candidates: list[Instance | None] = [*self._pool.available(req.model, "prefill")] or [None]
-        try:
+        with self._leg(req, "render"):
             for attempt, instance in enumerate(candidates[:2]):
                 url = instance.url if instance is not None else None
                 try:
@@ -230,8 +245,6 @@ class TurnRunner:
                     log.warning("render failed (attempt %d): %s", attempt + 1, exc)
             self._metrics.retries.labels("render_failed").inc()
             return None
-        finally:
-            self._metrics.legs.labels("render").observe(time.perf_counter() - started)
 
     # -- the P leg ---------------------------------------------------------------------------
 
@@ -257,8 +270,7 @@ class TurnRunner:
         """Run the P leg; ``(None, None)`` when no P could serve it (D then runs alone)."""
         tried: set[Instance] = set()
         affinity = prepared.record.prefill if prepared.record is not None else None
-        started = time.perf_counter()
-        try:
+        with self._leg(req, "prefill", **{"carryover.path": prepared.path}):
             for _ in range(3):
                 instance = pick_prefill(
                     self._pool.available(req.model, "prefill", tried),
@@ -267,10 +279,7 @@ class TurnRunner:
                     self._rng,
                 )
                 if instance is None:
-                    if prepared.plan.attaches_handle:
-                        self._metrics.releases.labels("no_prefill").inc()
-                        prepared.spend_handle()
-                    return None, None
+                    return await self._no_prefill(req, prepared)
                 with_handle = prepared.plan.attaches_handle
                 kv = (
                     prepared.plan.handle
@@ -287,7 +296,7 @@ class TurnRunner:
                         f"{instance.url}{req.path}",
                         body,
                         timeout=self._config.timeouts.prefill,
-                        headers={"X-Request-Id": req.request_id},
+                        headers=req.engine_headers,
                     )
                 except UpstreamError as exc:
                     if is_client_fault(exc):
@@ -316,9 +325,24 @@ class TurnRunner:
                     continue
                 self._pool.succeeded(instance)
                 return instance, params
-            return None, None
-        finally:
-            self._metrics.legs.labels("prefill").observe(time.perf_counter() - started)
+            return await self._no_prefill(req, prepared)
+
+    async def _no_prefill(self, req: TurnRequest, prepared: _Prepared) -> tuple[None, None]:
+        """No P could serve: D runs alone, or the turn is refused at once (config)."""
+        unsent = prepared.plan.attaches_handle
+        if unsent:
+            prepared.spend_handle()
+        if req.model.when_prefill_down == "fail":
+            if unsent and prepared.record is not None and req.key is not None:
+                # Never sent: put it back, so the client's retry still reuses D's blocks.
+                try:
+                    await self._store.commit(req.key, prepared.record, now=time.time())
+                except StoreUnavailable:
+                    self._metrics.store_errors.labels("commit").inc()
+            raise EngineUnavailable(f"no healthy prefill instance for {req.model_name}")
+        if unsent:
+            self._metrics.releases.labels("no_prefill").inc()
+        return None, None
 
     # -- the D leg ---------------------------------------------------------------------------
 
@@ -356,14 +380,14 @@ class TurnRunner:
             body = self._decode_body(req, prepared.ids, p_params)
             decode.in_flight += 1
             decode.breaker.begin()
-            started = time.perf_counter()
             try:
-                answer = await self._upstream.post_json(
-                    f"{decode.url}{req.path}",
-                    body,
-                    timeout=self._config.timeouts.request,
-                    headers={"X-Request-Id": req.request_id},
-                )
+                with self._leg(req, "decode", **{"carryover.instance": decode.name}):
+                    answer = await self._upstream.post_json(
+                        f"{decode.url}{req.path}",
+                        body,
+                        timeout=self._config.timeouts.request,
+                        headers=req.engine_headers,
+                    )
             except UpstreamError as exc:
                 if is_client_fault(exc):
                     raise
@@ -376,7 +400,6 @@ class TurnRunner:
                 continue
             finally:
                 decode.in_flight -= 1
-                self._metrics.legs.labels("decode").observe(time.perf_counter() - started)
             self._pool.succeeded(decode)
             if not isinstance(answer, dict):
                 raise EngineFailed("decode instance answered with a non-object body")
@@ -398,7 +421,7 @@ class TurnRunner:
                 f"{decode.url}{req.path}",
                 body,
                 first_byte=self._config.timeouts.first_byte,
-                headers={"X-Request-Id": req.request_id},
+                headers=req.engine_headers,
             )
             decode.in_flight += 1
             decode.breaker.begin()
@@ -421,6 +444,8 @@ class TurnRunner:
                 continue
             break
         output = DecodeOutput(client_wants_ids=req.client_wants_ids)
+        leg = self._leg(req, "decode", **{"carryover.instance": decode.name})
+        leg.__enter__()  # a span over the whole stream, first byte to [DONE]
         try:
             try:
                 yield output.chunk(first)
@@ -444,6 +469,7 @@ class TurnRunner:
             yield b"data: [DONE]\n\n"
         finally:
             decode.in_flight -= 1
+            leg.__exit__(None, None, None)
             await context.__aexit__(None, None, None)
 
     # -- commit ------------------------------------------------------------------------------
@@ -503,16 +529,14 @@ class TurnRunner:
             created_at=now,
             expires_at=now + req.model.record_ttl,
         )
-        started = time.perf_counter()
         try:
-            written = await self._store.commit(req.key, record, now=now)
+            with self._leg(req, "commit"):
+                written = await self._store.commit(req.key, record, now=now)
         except StoreUnavailable as exc:
             self._metrics.store_errors.labels("commit").inc()
             log.warning("store unavailable, record not kept: %s", exc)
             self._release(req, handle, "store_unavailable")
             return
-        finally:
-            self._metrics.legs.labels("commit").observe(time.perf_counter() - started)
         if not written:
             self._release(req, handle, "superseded")
 

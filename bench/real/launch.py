@@ -148,7 +148,7 @@ class VllmPair:
         }
         return args, env
 
-    def start(self, timeout: float = 300.0, attempts: int = 2) -> None:
+    def start(self, timeout: float = 420.0, attempts: int = 2) -> None:
         """Start both and wait for their /health. A start that hangs (seen in the kernel on
         this 2-core machine, see ``stop``) is stopped and tried again, on the same ports."""
         for attempt in range(1, attempts + 1):
@@ -259,6 +259,6 @@ class VllmPair:
                 _wait_group_gone(instance.popen, timeout=30)
             instance.popen = None
 
-    def restart(self, timeout: float = 300.0) -> None:
+    def restart(self, timeout: float = 420.0) -> None:
         self.stop()
         self.start(timeout)

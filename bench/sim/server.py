@@ -50,6 +50,7 @@ class SimServer:
         self.faults = _Faults(error_rate=config.error_rate, hang=config.hang, slow=config.slow)
         self._rng = random.Random(config.seed)
         self._runner: web.AppRunner | None = None
+        self.last_traceparent: str | None = None  # W3C trace context of the last generation
         self.app = self._build_app()
 
     @property
@@ -202,6 +203,7 @@ class SimServer:
             return _error(exc.status, str(exc), exc.kind)
         prefix = "chatcmpl" if chat else "cmpl"
         header_id = request.headers.get("X-Request-Id") or body.get("request_id")
+        self.last_traceparent = request.headers.get("traceparent")
         response_id = f"{prefix}-{header_id or secrets.token_hex(8)}"
         gen = GenerationRequest(
             request_id=SimEngine.new_request_id(response_id),
@@ -522,6 +524,7 @@ class SimServer:
                 "held_requests": engine.held_requests,
                 "used_blocks": engine.pool.used,
                 "num_blocks": engine.pool.num_blocks,
+                "last_traceparent": self.last_traceparent,
             }
         )
 

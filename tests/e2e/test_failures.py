@@ -134,6 +134,25 @@ async def test_no_prefill_decode_serves_alone_and_keeps_reuse(tmp_path: Path) ->
         assert await chat.turn() == "reuse"
 
 
+async def test_no_prefill_with_fail_policy_is_503_and_keeps_the_record(tmp_path: Path) -> None:
+    # Rendering in process, so the record is claimed and checked before P is found missing;
+    # the handle was never sent, so it goes back and the retried turn still reuses.
+    flags = ("--when-prefill-down", "fail", "--render-local")
+    async with stack(tmp_path, sim={"threshold": 16}, router_flags=flags) as s:
+        chat = Chat(s)
+        await chat.turn()
+        await s.prefill[0].stop()
+        await asyncio.sleep(0.6)
+        chat.messages.append({"role": "user", "content": TEXT.format(i=9) * 2})
+        refused = await chat_turn(s.client, s.router.url, chat.messages, conversation_id=chat.id)
+        assert refused.status == 503, refused.raw
+        assert "prefill" in refused.body["error"]["message"]
+        chat.messages.pop()
+        await s.prefill[0].start()
+        await asyncio.sleep(0.6)
+        assert await chat.turn() == "reuse"
+
+
 async def test_no_decode_is_a_clean_503(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
         await s.decode[0].stop()

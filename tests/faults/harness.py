@@ -137,6 +137,8 @@ class Outcome:
     paths: Counter[str] = field(default_factory=Counter)
     reuse_at: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: status and seconds to the answer of every request that failed cleanly
+    refusals: list[tuple[int, float]] = field(default_factory=list)
 
     def first_reuse_after(self, moment: float) -> float | None:
         later = [t for t in self.reuse_at if t >= moment]
@@ -154,6 +156,7 @@ async def _conversation(h: Harness, outcome: Outcome, stop: asyncio.Event, index
             stream = turn % 2 == 1
             url = h.router_url(turn + index)
             outcome.sent += 1
+            started = time.monotonic()
             try:
                 async with asyncio.timeout(15):
                     got = await chat_turn(
@@ -174,6 +177,7 @@ async def _conversation(h: Harness, outcome: Outcome, stop: asyncio.Event, index
             if got.status != 200:
                 if isinstance(got.body, dict) and "error" in got.body:
                     outcome.failed += 1
+                    outcome.refusals.append((got.status, time.monotonic() - started))
                 else:
                     outcome.unclean += 1
                 break

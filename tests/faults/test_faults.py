@@ -164,6 +164,33 @@ async def test_all_prefills_down(tmp_path: Path) -> None:
         assert outcome.failed == 0
 
 
+async def test_all_prefills_down_refused_at_once_when_configured(tmp_path: Path) -> None:
+    # The other policy: 503 at once instead of loading D with prefills. "At once" means well
+    # inside the P leg's deadline, which is long here on purpose.
+    flags = ("--when-prefill-down", "fail", "--prefill-timeout", "20")
+    async with harness(tmp_path, router_flags=flags) as h:
+
+        async def down() -> None:
+            for p in h.prefill:
+                await p.stop()
+
+        async def up() -> None:
+            for i in range(len(h.prefill)):
+                await h.replace(h.prefill, i)
+
+        outcome = await run_case(
+            h,
+            "all prefills down, --when-prefill-down fail",
+            down,
+            up,
+            note="refused with 503 at once; reuse resumes when P is back",
+        )
+        assert outcome.failed > 0
+        statuses = {status for status, _ in outcome.refusals}
+        assert statuses == {503}, outcome.refusals
+        assert max(seconds for _, seconds in outcome.refusals) < 5.0
+
+
 async def test_handle_expiring_while_queued(tmp_path: Path) -> None:
     # D pins for 6 s, so P declines a read 1 s after the pin; a slow P makes handles expire
     # while the turn waits. The router believes 480 s and learns it from P's fast 500.

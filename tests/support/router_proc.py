@@ -17,8 +17,15 @@ from tests.support.ports import free_port
 
 
 class RouterProcess:
-    def __init__(self, args: Sequence[str], log_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        log_dir: Path,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
+        self.env = env or {}
         self.args = [*args, "--port", str(self.port), "--expose-path-header"]
         self.log_path = log_dir / f"router-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -30,7 +37,7 @@ class RouterProcess:
     def launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "router", "serve", *self.args],
             stdout=log,
