@@ -172,6 +172,12 @@ class InstancePool:
             for m in self._config.models
         )
 
+    def _last_healthy_decode(self, instance: Instance) -> bool:
+        return instance.role == "decode" and not any(
+            other.healthy and other is not instance
+            for other in self.members(instance.model, instance.role)
+        )
+
     # -- outcomes of real requests feed the breaker ------------------------------------------
 
     def succeeded(self, instance: Instance) -> None:
@@ -240,7 +246,18 @@ class InstancePool:
         if not ok:
             instance.probe_failures += 1
             instance.refused = instance.refused or refused
-            if instance.healthy and (refused or instance.probe_failures >= _PROBES_TO_DOWN):
+            slow = not refused and instance.probe_failures >= _PROBES_TO_DOWN
+            if slow and instance.healthy and self._last_healthy_decode(instance):
+                # Slow probes alone do not prove it down, and without it every request would
+                # fail at once (a missing P has a fallback, D alone; a missing D has none).
+                # Real request failures still open its breaker.
+                if instance.probe_failures == _PROBES_TO_DOWN:
+                    log.warning(
+                        "instance %s misses health probes; kept: it is the last decode instance",
+                        instance.name,
+                    )
+                return
+            if instance.healthy and (refused or slow):
                 log.warning("instance %s is down", instance.name)
                 instance.healthy = False
                 instance.down_since = time.monotonic()

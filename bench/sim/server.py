@@ -37,6 +37,7 @@ class _Faults(msgspec.Struct):
     error_rate: float = 0.0
     hang: bool = False
     slow: float = 0.0
+    slow_probes: float = 0.0  # seconds added to /health
     drop_stream_after: int | None = None  # chunks, then the connection is cut
 
 
@@ -488,6 +489,8 @@ class SimServer:
         )
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.faults.slow_probes:
+            await asyncio.sleep(self.faults.slow_probes)  # an engine too busy to answer soon
         return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:

@@ -153,6 +153,25 @@ async def test_no_prefill_with_fail_policy_is_503_and_keeps_the_record(tmp_path:
         assert await chat.turn() == "reuse"
 
 
+async def test_slow_probes_take_a_decode_out_only_if_another_is_left(tmp_path: Path) -> None:
+    # A busy engine can miss health probes (vLLM on CPU does). With two Ds the slow one leaves
+    # rotation; the last one stays, since dropping it would turn every request into a 503.
+    flags = ("--health-timeout", "0.1")
+    async with stack(tmp_path, decodes=2, router_flags=flags) as s:
+        slow, other = s.decode
+        await s.client.post(slow.url + "/sim/faults", json={"slow_probes": 0.5})
+        await asyncio.sleep(2.0)
+        up = await ascrape(s.client, s.router.url)
+        assert up[f"carryover_instance_up{{instance={slow.url[7:]},role=decode}}"] == 0
+        await s.client.post(other.url + "/sim/faults", json={"slow_probes": 0.5})
+        await asyncio.sleep(2.0)
+        up = await ascrape(s.client, s.router.url)
+        assert up[f"carryover_instance_up{{instance={other.url[7:]},role=decode}}"] == 1
+        assert (await s.client.get(s.router.url + "/ready")).status_code == 200
+        got = await chat_turn(s.client, s.router.url, [{"role": "user", "content": "hi there"}])
+        assert got.status == 200, got.raw
+
+
 async def test_no_decode_is_a_clean_503(tmp_path: Path) -> None:
     async with stack(tmp_path) as s:
         await s.decode[0].stop()

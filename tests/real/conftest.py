@@ -53,6 +53,9 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
         "1",
         "--health-interval",
         "0.5",
+        # A CPU engine busy on both cores can take seconds to answer /health.
+        "--health-timeout",
+        "10",
         "--prefill-timeout",
         "120",
         "--first-byte-timeout",
