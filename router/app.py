@@ -19,6 +19,7 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
+from router.api_schema import openapi_document
 from router.auth import DEFAULT_TENANT, Authenticator
 from router.config import ModelConfig, RouterConfig
 from router.errors import (
@@ -48,6 +49,7 @@ from state import (
 
 __all__ = ["Services", "create_app"]
 
+_OPENAPI = msgspec.json.encode(openapi_document())
 log = logging.getLogger("carryover.router")
 
 _CONVERSATION_HEADERS = ("x-conversation-id", "x-session-id")
@@ -269,6 +271,11 @@ async def models(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json(200, msgspec.json.encode({"object": "list", "data": data}))
 
 
+@get("/openapi.json")
+async def openapi() -> Response[bytes]:
+    return _json(200, _OPENAPI)
+
+
 @get("/health")
 async def health() -> Response[bytes]:
     return _json(200, b'{"status":"ok"}')
@@ -430,7 +437,9 @@ def create_app(
             end_conversation,
             inspect_conversation,
             drain_instance,
+            openapi,
         ],
+        openapi_config=None,  # the published document is router.api_schema's
         lifespan=[lifespan],
         exception_handlers={
             CarryoverError: _handle_carryover,

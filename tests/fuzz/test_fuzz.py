@@ -3,16 +3,14 @@ engine field in a response, bounded memory. A fixed example budget keeps it CI-s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.procs import Process, Topology
+from bench.procs import Process
 
 BUDGET = settings(
     max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
@@ -35,19 +33,6 @@ def _children(pid: int) -> list[int]:
         for child in (task / "children").read_text().split():
             found += [int(child), *_children(int(child))]
     return found
-
-
-@pytest.fixture(scope="module")
-def router() -> Iterator[Process]:
-    topo = Topology()
-    try:
-        p = topo.sim("prefill", "kv_producer", speed=0, extra=["--max-model-len", "4096"])
-        d = topo.sim("decode", "kv_consumer", speed=0, extra=["--max-model-len", "4096"])
-        r = topo.router("router", [p], [d], "--max-messages", "64", "--max-body-bytes", "262144")
-        topo.wait()
-        yield r
-    finally:
-        topo.stop()
 
 
 json_scalar = (

@@ -1,0 +1,50 @@
+"""Configuration: the README's example file loads as documented; flags beat env beat file."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from router.cli import load_config
+from router.config import ConfigError
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def readme_toml() -> str:
+    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def test_the_readme_example_loads_as_documented(tmp_path: Path) -> None:
+    path = tmp_path / "carryover.toml"
+    path.write_text(readme_toml())
+    config = load_config(["--config", str(path)], environ={})
+    model = config.models[0]
+    assert config.redis == "redis://127.0.0.1:6379/0"
+    assert config.api_keys == {"sk-team-a": "team-a"}
+    assert (config.held_interval, config.timeouts.health, config.timeouts.keepalive) == (10, 1, 4)
+    assert model.record_ttl == 450  # 480 - 5 - 25, as the comment says
+    assert model.when_prefill_down == "decode-alone"
+
+
+def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
+    path = tmp_path / "carryover.toml"
+    path.write_text(readme_toml())
+    environ = {"CARRYOVER_HELD_INTERVAL": "3", "CARRYOVER_WHEN_PREFILL_DOWN": "fail"}
+    from_env = load_config(["--config", str(path)], environ=environ)
+    assert from_env.held_interval == 3 and from_env.models[0].when_prefill_down == "fail"
+    flagged = load_config(
+        ["--config", str(path), "--held-interval", "7", "--when-prefill-down", "decode-alone"],
+        environ=environ,
+    )
+    assert flagged.held_interval == 7
+    assert flagged.models[0].when_prefill_down == "decode-alone"
+
+
+def test_an_unknown_policy_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        load_config(["--decode", "http://d:1"], environ={"CARRYOVER_WHEN_PREFILL_DOWN": "maybe"})
