@@ -16,11 +16,14 @@ from state import MAX_ID_LENGTH
 
 __all__ = ["openapi_document"]
 
+#: printable, no whitespace (``state.keys.validate_identifier`` has the exact rule)
+ID_PATTERN = r"^[^\s\x00-\x1f\x7f-\x9f]+$"
 ConversationId = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
         max_length=MAX_ID_LENGTH,
+        pattern=ID_PATTERN,
         description="Keeps the conversation's KV alive across turns (also as a header).",
     ),
 ]
@@ -137,7 +140,7 @@ _CONVERSATION_HEADER = {
     "name": "X-Conversation-ID",
     "in": "header",
     "required": False,
-    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": ID_PATTERN},
     "description": "The conversation id, when the body has none (X-Session-ID also works).",
 }
 _MODEL_QUERY = {
@@ -151,7 +154,7 @@ _PATH_ID = {
     "name": "conversation_id",
     "in": "path",
     "required": True,
-    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH},
+    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": ID_PATTERN},
 }
 
 

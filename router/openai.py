@@ -71,7 +71,7 @@ def parse_body(
             raise BadRequest(f"at most {max_messages} messages are accepted", param="messages")
         for message in view.messages:
             role = message.get("role")
-            if role not in _ROLES:
+            if not isinstance(role, str) or role not in _ROLES:
                 raise BadRequest(f"unknown message role {role!r}", param="messages")
             content = message.get("content")
             if content is not None and not isinstance(content, (str, list)):

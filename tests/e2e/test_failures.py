@@ -211,6 +211,7 @@ async def test_no_decode_is_a_clean_503(tmp_path: Path) -> None:
         ({"messages": "hello"}, 400, None),
         ({"messages": []}, 400, "messages"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+        ({"messages": [{"role": {}, "content": "x"}]}, 400, "messages"),  # unhashable role
         ({"messages": [{"role": "user", "content": "x"}] * 20}, 400, "messages"),
         (
             {"messages": [{"role": "user", "content": "x"}], "temperature": 0.9},

@@ -28,6 +28,8 @@ def no_engine_internals(
     ctx: CheckContext, response: schemathesis.Response, case: schemathesis.Case
 ) -> None:
     text = response.text
+    if case.path == "/openapi.json":
+        return  # the document names the field it refuses
     if response.status_code == 400 and "kv_transfer_params" in text:
         return  # the refusal of a client's kv_transfer_params names the field
     for field in FORBIDDEN:
