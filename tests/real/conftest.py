@@ -53,9 +53,12 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
         "1",
         "--health-interval",
         "0.5",
-        # A CPU engine busy on both cores can take seconds to answer /health.
+        # Two CPU engines keep both cores busy: /health can take seconds, and the router's own
+        # event loop can be starved past the 0.25 s default store deadline.
         "--health-timeout",
         "10",
+        "--store-timeout",
+        "5",
         "--prefill-timeout",
         "120",
         "--first-byte-timeout",
