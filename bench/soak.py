@@ -53,11 +53,15 @@ def _slope(points: list[tuple[float, float]]) -> float:
 async def _conversation(
     urls: list[str], stop: float, rng: random.Random, counts: dict[str, int]
 ) -> None:
+    """Conversations of 2-8 turns; half end with DELETE (a client that says goodbye), the
+    others are abandoned and leave their handle to expire."""
     async with httpx.AsyncClient(timeout=60) as client:
         while time.monotonic() < stop:
             cid = uuid.uuid4().hex
             messages: list[dict[str, Any]] = []
-            for turn in range(rng.randint(2, 8)):
+            ends_politely = rng.random() < 0.5
+            turns = rng.randint(2, 8)
+            for turn in range(turns):
                 if time.monotonic() >= stop:
                     return
                 messages.append(
@@ -88,6 +92,16 @@ async def _conversation(
                     {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
                 )
                 await asyncio.sleep(rng.uniform(1.0, 6.0))  # think time keeps the rate bounded
+            else:
+                key = "ended" if ends_politely else "abandoned"
+                if ends_politely:
+                    try:
+                        ended = await client.delete(f"{urls[0]}/v1/conversations/{cid}")
+                        if ended.status_code != 200:
+                            counts["errors"] += 1
+                    except httpx.HTTPError:
+                        counts["errors"] += 1
+                counts[key] += 1
 
 
 async def _drive(
@@ -116,7 +130,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.minutes * 60
     samples: list[dict[str, float]] = []
-    counts = {"requests": 0, "errors": 0}
+    counts = {"requests": 0, "errors": 0, "ended": 0, "abandoned": 0}
     with local_redis() as redis_url, topology() as topo:
         ttl_config = {"decoder_kv_blocks_ttl": args.ttl}
         ps = [
@@ -134,6 +148,8 @@ def main() -> None:
             str(args.ttl),
             "--queue-margin",
             "5",
+            "--held-interval",
+            "2",
         )
         routers = [topo.router(f"router-{i}", ps, ds, *flags) for i in range(2)]
         topo.wait()
@@ -141,10 +157,16 @@ def main() -> None:
         started = time.monotonic()
 
         async def sample_loop() -> None:
-            while time.monotonic() - started < seconds + args.interval:
+            # Sampling goes on for a TTL after the load stops: every pin left must expire by
+            # then, and the counts of expired handles settle.
+            while time.monotonic() - started < seconds + args.ttl + 2 * args.interval:
                 texts = [
                     (await asyncio.to_thread(httpx.get, d.url + "/metrics", timeout=5)).text
                     for d in ds
+                ]
+                routed = [
+                    (await asyncio.to_thread(httpx.get, r.url + "/metrics", timeout=5)).text
+                    for r in routers
                 ]
                 samples.append(
                     {
@@ -153,6 +175,16 @@ def main() -> None:
                         "store_keys": float(store.dbsize()),
                         "pinned_handles": sum(_gauge(t, "sim:pinned_handles") for t in texts),
                         "expired_unused": sum(_gauge(t, "sim:expired_pins_total") for t in texts),
+                        # what the routers say of the same: stored handles that expired
+                        # unclaimed (abandoned), handles they gave back, gauges per D
+                        "router_expired_unused": sum(
+                            _gauge(t, "carryover_decode_handles_expired_unused_total")
+                            for t in routed
+                        ),
+                        "router_held": _gauge(routed[0], "carryover_decode_handles{"),
+                        "released": sum(
+                            _gauge(t, "carryover_handles_released_total") for t in routed
+                        ),
                         "requests": counts["requests"],
                     }
                 )
@@ -175,8 +207,20 @@ def main() -> None:
         "router_rss_mb_first_last": [rss[0][1], rss[-1][1]] if rss else None,
         "router_rss_slope_mb_per_min_second_half": _slope(rss),
         "store_keys_slope_per_min_second_half": _slope(keys),
-        "handles_expired_unused": samples[-1]["expired_unused"] if samples else None,
-        "note": "handles expire unused when a conversation ends without DELETE /v1/conversations/{id}",
+        "conversations_ended_with_delete": counts["ended"],
+        "conversations_abandoned": counts["abandoned"],
+        # by reason: D's own count of pins that expired unused, against what the store saw
+        # expire unclaimed (abandoned conversations); the rest would be handles the router lost
+        "handles_expired_unused_at_decode": samples[-1]["expired_unused"] if samples else None,
+        "handles_expired_unused_abandoned": samples[-1]["router_expired_unused"]
+        if samples
+        else None,
+        "handles_expired_unused_lost": (
+            samples[-1]["expired_unused"] - samples[-1]["router_expired_unused"]
+            if samples
+            else None
+        ),
+        "handles_released_by_router": samples[-1]["released"] if samples else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "soak.json").write_text(
@@ -185,12 +229,14 @@ def main() -> None:
     lines = [
         "# Soak",
         "",
-        "| t (s) | router RSS (MB) | store keys | pinned handles | expired unused | requests |",
-        "|---|---|---|---|---|---|",
+        "| t (s) | router RSS (MB) | store keys | pinned at D | held (router) | expired unused at D "
+        "| of which abandoned | requests |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {s['t']:.0f} | {s['router_rss_mb']:.0f} | {s['store_keys']:.0f} | {s['pinned_handles']:.0f} "
-        f"| {s['expired_unused']:.0f} | {s['requests']:.0f} |"
+        f"| {s['router_held']:.0f} | {s['expired_unused']:.0f} | {s['router_expired_unused']:.0f} "
+        f"| {s['requests']:.0f} |"
         for s in samples
     ]
     lines += ["", "```", json.dumps(summary, indent=2), "```", ""]

@@ -25,6 +25,7 @@ async def report_held(store: Store, decode_names: list[str], metrics: RouterMetr
         metrics.held.labels(name).set(stats.count)
         oldest = stats.oldest_created_at
         metrics.held_oldest.labels(name).set(max(0.0, now - oldest) if oldest else 0.0)
+        metrics.held_expired.labels(name).inc(stats.expired)
 
 
 async def report_held_forever(

@@ -108,6 +108,13 @@ class RouterMetrics:
             ["instance"],
             registry=r,
         )
+        self.held_expired = Counter(
+            "carryover_decode_handles_expired_unused",
+            "Stored handles that expired unclaimed (the conversation never came back or ended "
+            "without DELETE); counted by the replica that noticed, so sum over replicas.",
+            ["instance"],
+            registry=r,
+        )
         self.in_flight = Gauge("carryover_in_flight", "Requests in flight.", registry=r)
 
     def instance_up(self, name: str, role: str, up: bool) -> None:

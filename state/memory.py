@@ -25,13 +25,18 @@ class MemoryStore:
         self._records: dict[ConversationKey, Record] = {}
         self._epochs: dict[str, int] = {}
         self._commits = 0
+        self._expired: dict[str, int] = {}  # by decode instance, since the last held()
 
     def _live(self, key: ConversationKey) -> Record | None:
         record = self._records.get(key)
         if record is not None and record.expired(self._clock()):
-            del self._records[key]
+            self._drop_expired(key, record)
             return None
         return record
+
+    def _drop_expired(self, key: ConversationKey, record: Record) -> None:
+        del self._records[key]
+        self._expired[record.decode] = self._expired.get(record.decode, 0) + 1
 
     async def claim(self, key: ConversationKey) -> Record | None:
         record = self._live(key)
@@ -53,8 +58,8 @@ class MemoryStore:
 
     def _sweep(self) -> None:
         now = self._clock()
-        for key in [k for k, r in self._records.items() if r.expired(now)]:
-            del self._records[key]
+        for key, record in [(k, r) for k, r in self._records.items() if r.expired(now)]:
+            self._drop_expired(key, record)
 
     async def get(self, key: ConversationKey) -> Record | None:
         return self._live(key)
@@ -76,6 +81,8 @@ class MemoryStore:
         return len(self._records)
 
     async def held(self, instances: list[str], *, now: float) -> dict[str, Held]:
+        self._sweep()
+        expired = {name: self._expired.pop(name, 0) for name in instances}
         counts = dict.fromkeys(instances, 0)
         oldest: dict[str, float] = {}
         for record in self._records.values():
@@ -85,7 +92,7 @@ class MemoryStore:
             oldest[record.decode] = min(
                 oldest.get(record.decode, record.created_at), record.created_at
             )
-        return {name: Held(counts[name], oldest.get(name)) for name in instances}
+        return {name: Held(counts[name], oldest.get(name), expired[name]) for name in instances}
 
     async def ping(self) -> None:
         return None

@@ -7,7 +7,8 @@ and find the holder without decoding msgpack. Claim and commit are one ``EVALSHA
 Each decode instance has two sorted sets of the record keys it holds blocks for, scored by
 expiry and by creation time (``{ns}-held:{instance}``, ``{ns}-held-since:{instance}``): the
 scripts keep them in step with the records, so "handles held per decode instance and their
-age" is a few sorted-set reads, never a scan. Epochs are plain counters.
+age" is a few sorted-set reads, never a scan. Entries left behind by records that expired
+unclaimed are counted once and dropped by the next reader. Epochs are plain counters.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ end
 # The held sets are addressed from the scripts, not through KEYS: fine on one Redis (or a
 # replicated primary), not on Redis Cluster, where the record keys are not co-located anyway.
 # KEYS[1] record key; ARGV[2] value; ARGV[3] lifetime in ms; ARGV[4] expires_at; ARGV[5]
-# created_at. Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
+# created_at; ARGV[6] now. Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
 _COMMIT = (
     _LUA_HELPERS
     + """
@@ -66,11 +67,19 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 local name = holder(ARGV[2])
 local by_expiry = ARGV[1] .. ':' .. name
 local by_creation = ARGV[1] .. '-since:' .. name
+local expired_count = ARGV[1] .. '-expired:' .. name
+-- Still listed though its record is gone: it expired unclaimed. Count it before the entry is
+-- reused for the new record (an entry in another instance's sets is counted by a reader).
+local previous = redis.call('ZSCORE', by_expiry, KEYS[1])
+if previous and tonumber(previous) <= tonumber(ARGV[6]) then
+  redis.call('INCR', expired_count)
+end
 redis.call('ZADD', by_expiry, ARGV[4], KEYS[1])
 redis.call('ZADD', by_creation, ARGV[5], KEYS[1])
--- A set outlives its newest record, never more: what is left of it then has expired.
-local lifetime = tonumber(ARGV[3])
-for _, set in ipairs({by_expiry, by_creation}) do
+-- A set outlives its newest record by an hour, time for a reader to count what expired
+-- unclaimed in it; a set of an instance no longer configured goes away after that.
+local lifetime = tonumber(ARGV[3]) + 3600000
+for _, set in ipairs({by_expiry, by_creation, expired_count}) do
   if redis.call('PTTL', set) < lifetime then
     redis.call('PEXPIRE', set, lifetime)
   end
@@ -92,11 +101,13 @@ return value
 """
 )
 
-# ARGV[2] now; KEYS the held sets by expiry then by creation, pairwise. Drops what expired,
-# returns count and oldest creation time per instance.
+# ARGV[2] now; KEYS in threes per instance: the held sets by expiry and by creation, and the
+# count of entries the commit script found expired. Drops what expired
+# (records that expired unclaimed: each is dropped, and so counted, by exactly one reader);
+# returns count, oldest creation time and how many were dropped, per instance.
 _HELD = """
 local out = {}
-for i = 1, #KEYS, 2 do
+for i = 1, #KEYS, 3 do
   local expired = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', ARGV[2])
   -- In slices: unpack() of a long list overflows Lua's stack.
   for j = 1, #expired, 1000 do
@@ -106,6 +117,7 @@ for i = 1, #KEYS, 2 do
   local oldest = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
   table.insert(out, redis.call('ZCARD', KEYS[i]))
   table.insert(out, oldest[2] or false)
+  table.insert(out, #expired + tonumber(redis.call('GETDEL', KEYS[i + 2]) or '0'))
 end
 return out
 """
@@ -210,6 +222,7 @@ class RedisStore:
                     ttl_ms,
                     repr(record.expires_at),
                     repr(record.created_at),
+                    repr(now),
                 ],
             )
         )
@@ -252,14 +265,18 @@ class RedisStore:
             return {}
         keys: list[str] = []
         for name in instances:
-            keys += [f"{self._held_prefix}:{name}", f"{self._held_prefix}-since:{name}"]
+            keys += [
+                f"{self._held_prefix}:{name}",
+                f"{self._held_prefix}-since:{name}",
+                f"{self._held_prefix}-expired:{name}",
+            ]
         answer = await self._call(
             lambda: self._held(keys=keys, args=[self._held_prefix, repr(now)])
         )
         result: dict[str, Held] = {}
         for i, name in enumerate(instances):
-            count, oldest = answer[2 * i], answer[2 * i + 1]
-            result[name] = Held(int(count), float(oldest) if oldest else None)
+            count, oldest, expired = answer[3 * i : 3 * i + 3]
+            result[name] = Held(int(count), float(oldest) if oldest else None, int(expired))
         return result
 
     async def ping(self) -> None:

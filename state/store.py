@@ -22,10 +22,14 @@ class Held(msgspec.Struct, frozen=True):
     Attributes:
         count: how many.
         oldest_created_at: when the oldest of them was written (``None`` when there are none).
+        expired: records of that instance found expired unclaimed since the last read (their
+            handles were never used: D freed the blocks at its TTL). Each is reported once,
+            whichever replica reads it.
     """
 
     count: int = 0
     oldest_created_at: float | None = None
+    expired: int = 0
 
 
 @runtime_checkable

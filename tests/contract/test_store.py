@@ -136,4 +136,22 @@ async def test_held_handles_follow_commits_claims_overwrites_and_expiry(store: S
     assert held["d0"].oldest_created_at is not None
     assert held["d0"].oldest_created_at > first.created_at
     assert await store.delete(key("c3")) is not None
-    assert (await store.held(names, now=time.time()))["d0"] == Held(0, None)
+    # c2 expired unclaimed: counted once, by whichever read came first.
+    reads = [held["d0"].expired, (await store.held(names, now=time.time()))["d0"].expired]
+    assert sum(reads) == 1
+    assert (await store.held(names, now=time.time()))["d0"] == Held(0, None, 0)
+
+
+async def test_a_record_that_expired_unclaimed_is_counted_even_when_its_turn_resumes(
+    store: Store,
+) -> None:
+    # The conversation goes on after its record expired: the new record takes the old one's
+    # place, and the unused handle is still counted, on the instance that held it.
+    await store.commit(key("r1"), make_record(1, decode="d0", ttl=0.2), now=time.time())
+    await store.commit(key("r2"), make_record(1, decode="d1", ttl=0.2), now=time.time())
+    await asyncio.sleep(0.3)
+    await store.commit(key("r1"), make_record(2, decode="d0"), now=time.time())
+    await store.commit(key("r2"), make_record(2, decode="d0"), now=time.time())
+    held = await store.held(["d0", "d1"], now=time.time())
+    assert (held["d0"].count, held["d0"].expired) == (2, 1)
+    assert (held["d1"].count, held["d1"].expired) == (0, 1)

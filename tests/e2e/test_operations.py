@@ -61,3 +61,32 @@ async def test_handles_held_per_decode_instance_are_reported_by_every_router(
             ended = await s.client.delete(f"{s.routers[0].url}/v1/conversations/{conversation}")
             assert ended.status_code == 200, ended.text
         assert (await held(s, 1, decode))[0] == 1
+
+
+async def test_handles_that_expire_unclaimed_are_counted_once_across_routers(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    # Records live 7 - 5 (vLLM's margin) - 1 (queue margin) = 1 s here.
+    flags = (
+        "--redis",
+        redis_server.url,
+        "--held-interval",
+        "0.2",
+        "--decoder-kv-blocks-ttl",
+        "7",
+        "--queue-margin",
+        "1",
+    )
+    async with stack(tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}) as s:
+        decode = urlsplit(s.decode[0].url).netloc
+        for i in range(2):
+            messages = [{"role": "user", "content": TEXT.format(i=i) * 3}]
+            got = await chat_turn(
+                s.client, s.routers[i].url, messages, conversation_id=f"gone-{uuid.uuid4().hex}"
+            )
+            assert got.status == 200, got.raw
+        await asyncio.sleep(2.0)
+        name = f"carryover_decode_handles_expired_unused_total{{instance={decode}}}"
+        counted = [(await ascrape(s.client, r.url)).get(name, 0.0) for r in s.routers]
+        assert sum(counted) == 2
+        assert (await held(s, 0, decode))[0] == 0
