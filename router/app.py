@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from router.config import ModelConfig, RouterConfig
 from router.errors import (
     BadConversationId,
     CarryoverError,
+    ClientGone,
     EngineUnavailable,
     ModelNotFound,
     NotFound,
@@ -36,7 +38,7 @@ from router.openai import ChatView, parse_body
 from router.pool import InstancePool
 from router.render.backends import make_renderer
 from router.tracing import Tracing
-from router.turn import TurnRequest, TurnRunner
+from router.turn import TurnOutcome, TurnRequest, TurnRunner
 from router.upstream import Upstream
 from state import (
     ConversationKey,
@@ -186,7 +188,7 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
     outcome = None
     error: str | None = None
     try:
-        outcome = await services.runner.run(turn_request)
+        outcome = await _unless_client_leaves(request, services.runner.run(turn_request))
     except Exception as exc:
         error = type(exc).__name__
         raise
@@ -228,6 +230,32 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
         )
     assert outcome.body is not None
     return _json(200, outcome.body, headers)
+
+
+async def _client_left(request: Request[Any, Any, Any]) -> None:
+    """Returns when the client disconnects (the body is read: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_client_leaves(
+    request: Request[Any, Any, Any], work: Coroutine[Any, Any, TurnOutcome]
+) -> TurnOutcome:
+    """Run the turn up to its answer (non-streamed) or first chunk (streamed), cancelling its
+    engine calls if the client goes away first: nobody would read the result. A streamed
+    turn's relay is cancelled by the server itself once the stream has started."""
+    turn = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_client_left(request))
+    try:
+        await asyncio.wait((turn, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not turn.done():
+        turn.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await turn
+        raise ClientGone("the client disconnected before the answer")
+    return turn.result()
 
 
 @post("/v1/chat/completions", status_code=200)

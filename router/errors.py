@@ -65,6 +65,13 @@ class BadRequest(ClientError):
     pass
 
 
+class ClientGone(ClientError):
+    """The client disconnected; nothing is sent back (nginx logs this as 499)."""
+
+    status_code = 499
+    error_type = "ClientClosedRequest"
+
+
 class KvParamsRefused(ClientError):
     param = "kv_transfer_params"
 

@@ -19,7 +19,13 @@ from typing import Any
 import msgspec
 
 from router.config import ModelConfig, RouterConfig
-from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
+from router.errors import (
+    EngineFailed,
+    EngineTimeout,
+    EngineUnavailable,
+    UpstreamError,
+    is_client_fault,
+)
 from router.metrics import RouterMetrics, turn_bucket
 from router.policy import pick_decode, pick_prefill
 from router.pool import Instance, InstancePool, streams_handles
@@ -365,18 +371,27 @@ class TurnRunner:
         body["kv_transfer_params"] = kv
         return body
 
-    def _pick_decode(self, req: TurnRequest, tried: set[Instance]) -> Instance:
+    def _pick_decode(
+        self, req: TurnRequest, tried: set[Instance], timed_out: set[Instance]
+    ) -> Instance:
+        """Another D than those tried if there is one, else one tried again: a retry after a
+        dropped connection on the only D is better than a certain 503. One that timed out is
+        not tried again (the client has waited long enough)."""
         instance = pick_decode(self._pool.available(req.model, "decode", tried), self._rng)
+        if instance is None:
+            again = self._pool.available(req.model, "decode", timed_out)
+            instance = pick_decode([i for i in again if i in tried], self._rng)
         if instance is None:
             raise EngineUnavailable(f"no healthy decode instance for {req.model_name}")
         return instance
 
     async def _complete(self, req: TurnRequest, prepared: _Prepared) -> bytes:
         tried: set[Instance] = set()
+        timed_out: set[Instance] = set()
         last: UpstreamError | None = None
         for attempt in range(2):
             p_instance, p_params = await self._prefill(req, prepared)
-            decode = self._pick_decode(req, tried)
+            decode = self._pick_decode(req, tried, timed_out)
             body = self._decode_body(req, prepared.ids, p_params)
             decode.in_flight += 1
             decode.breaker.begin()
@@ -394,6 +409,8 @@ class TurnRunner:
                 self._pool.failed(decode, exc)
                 self._metrics.retries.labels("decode_failed").inc()
                 tried.add(decode)
+                if isinstance(exc, EngineTimeout):
+                    timed_out.add(decode)
                 prepared.spend_handle()
                 last = exc
                 log.warning("decode attempt %d failed: %s", attempt + 1, exc.message)
@@ -413,9 +430,10 @@ class TurnRunner:
 
     async def _stream(self, req: TurnRequest, prepared: _Prepared) -> AsyncGenerator[bytes, None]:
         tried: set[Instance] = set()
+        timed_out: set[Instance] = set()
         for attempt in range(2):
             p_instance, p_params = await self._prefill(req, prepared)
-            decode = self._pick_decode(req, tried)
+            decode = self._pick_decode(req, tried, timed_out)
             body = self._decode_body(req, prepared.ids, p_params)
             context = self._upstream.stream(
                 f"{decode.url}{req.path}",
@@ -438,6 +456,8 @@ class TurnRunner:
                 self._pool.failed(decode, error)
                 self._metrics.retries.labels("decode_failed").inc()
                 tried.add(decode)
+                if isinstance(exc, EngineTimeout):
+                    timed_out.add(decode)
                 prepared.spend_handle()
                 if attempt == 1:
                     raise error from None

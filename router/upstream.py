@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
 
 from router.config import Timeouts
-from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
+from router.errors import EngineFailed, EngineTimeout, EngineUnavailable, UpstreamError
 
 __all__ = ["Upstream", "iter_sse"]
 
@@ -38,6 +39,21 @@ def _message_of(body: Any, status: int) -> str:
     if isinstance(body, dict) and "message" in body:
         return str(body["message"])
     return f"engine answered HTTP {status}"
+
+
+def _transport_error(exc: httpx.TransportError, what: str) -> UpstreamError:
+    """Classify by the transport's own exception: the aiohttp transport maps every closed
+    connection (``ServerDisconnectedError``) to ``httpx.ConnectTimeout``, which is neither."""
+    cause = exc.__cause__
+    if isinstance(cause, aiohttp.ClientConnectorError) or (
+        cause is None and isinstance(exc, httpx.ConnectError)
+    ):
+        return EngineUnavailable(f"cannot connect to {what}")
+    if isinstance(cause, aiohttp.ServerTimeoutError | TimeoutError) or (
+        cause is None and isinstance(exc, httpx.TimeoutException)
+    ):
+        return EngineTimeout(f"{what} timed out")
+    return EngineFailed(f"{what} broke off: {type(cause or exc).__name__}")
 
 
 class Upstream:
@@ -98,12 +114,8 @@ class Upstream:
                 response = await self._transport.handle_async_request(request)
         except TimeoutError as exc:
             raise EngineTimeout(f"{what} did not answer within {timeout:g} s") from exc
-        except httpx.ConnectError as exc:
-            raise EngineUnavailable(f"cannot connect to {what}") from exc
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{what} timed out") from exc
         except httpx.TransportError as exc:
-            raise EngineFailed(f"{what} broke off: {type(exc).__name__}") from exc
+            raise _transport_error(exc, what) from exc
         response.request = request
         return response
 

@@ -38,6 +38,7 @@ class _Faults(msgspec.Struct):
     hang: bool = False
     slow: float = 0.0
     slow_probes: float = 0.0  # seconds added to /health
+    fail_next: int = 0  # the next N generation requests answer 500
     drop_stream_after: int | None = None  # chunks, then the connection is cut
 
 
@@ -167,6 +168,9 @@ class SimServer:
             await asyncio.sleep(self.faults.slow)
         if self.faults.hang:
             await asyncio.Event().wait()
+        if self.faults.fail_next > 0:
+            self.faults.fail_next -= 1
+            return _error(500, "Internal server error (injected)", "InternalServerError")
         if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
             return _error(500, "Internal server error (injected)", "InternalServerError")
         return None

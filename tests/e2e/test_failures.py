@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.metrics import ascrape
@@ -170,6 +171,36 @@ async def test_slow_probes_take_a_decode_out_only_if_another_is_left(tmp_path: P
         assert (await s.client.get(s.router.url + "/ready")).status_code == 200
         got = await chat_turn(s.client, s.router.url, [{"role": "user", "content": "hi there"}])
         assert got.status == 200, got.raw
+
+
+async def test_a_client_that_leaves_cancels_its_engine_calls(tmp_path: Path) -> None:
+    # D takes 3 s; the client gives up after 0.5 s. The router drops the turn at once instead
+    # of holding a D slot for an answer nobody reads.
+    async with stack(tmp_path) as s:
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"slow": 3.0})
+        body = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}]}
+        with pytest.raises(httpx.ReadTimeout):
+            await s.client.post(s.router.url + "/v1/chat/completions", json=body, timeout=0.5)
+        await asyncio.sleep(0.7)
+        assert await router_counter(s, "carryover_in_flight") == 0
+        await asyncio.sleep(2.5)
+        # Turns that stay get their answers as before.
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"slow": 0.0})
+        got = await chat_turn(s.client, s.router.url, [{"role": "user", "content": "hello"}])
+        assert got.status == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_one_failure_of_the_only_decode_is_retried_on_it(
+    tmp_path: Path, stream: bool
+) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        chat = Chat(s)
+        await chat.turn(stream=stream)
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"fail_next": 1})
+        assert await chat.turn(stream=stream) == "cold-error"  # right answer, on the retry
+        assert await router_counter(s, "carryover_retries_total{cause=decode_failed}") == 1
+        assert await chat.turn(stream=stream) == "reuse"
 
 
 async def test_no_decode_is_a_clean_503(tmp_path: Path) -> None:
