@@ -143,31 +143,11 @@ async def test_prefill_hanging(tmp_path: Path) -> None:
         assert outcome.failed == 0
 
 
-async def test_all_prefills_down(tmp_path: Path) -> None:
-    async with harness(tmp_path) as h:
-
-        async def down() -> None:
-            for p in h.prefill:
-                await p.stop()
-
-        async def up() -> None:
-            for i in range(len(h.prefill)):
-                await h.replace(h.prefill, i)
-
-        outcome = await run_case(
-            h,
-            "all prefills down",
-            down,
-            up,
-            note="served by decode alone (do_remote_prefill: false), which still returns handles",
-        )
-        assert outcome.failed == 0
-
-
-async def test_all_prefills_down_refused_at_once_when_configured(tmp_path: Path) -> None:
-    # The other policy: 503 at once instead of loading D with prefills. "At once" means well
-    # inside the P leg's deadline, which is long here on purpose.
-    flags = ("--when-prefill-down", "fail", "--prefill-timeout", "20")
+@pytest.mark.parametrize("policy", ["decode-alone", "fail"])
+async def test_all_prefills_down(tmp_path: Path, policy: str) -> None:
+    # "decode-alone": D serves alone, nothing fails. "fail": 503 at once instead, well inside
+    # the P leg's deadline, which is long here on purpose.
+    flags = ("--when-prefill-down", policy, "--prefill-timeout", "20")
     async with harness(tmp_path, router_flags=flags) as h:
 
         async def down() -> None:
@@ -180,15 +160,21 @@ async def test_all_prefills_down_refused_at_once_when_configured(tmp_path: Path)
 
         outcome = await run_case(
             h,
-            "all prefills down, --when-prefill-down fail",
+            f"all prefills down (--when-prefill-down {policy})",
             down,
             up,
-            note="refused with 503 at once; reuse resumes when P is back",
+            note=(
+                "served by decode alone (do_remote_prefill: false), which still returns handles"
+                if policy == "decode-alone"
+                else "refused with 503 at once; reuse resumes when P is back"
+            ),
         )
-        assert outcome.failed > 0
-        statuses = {status for status, _ in outcome.refusals}
-        assert statuses == {503}, outcome.refusals
-        assert max(seconds for _, seconds in outcome.refusals) < 5.0
+        if policy == "decode-alone":
+            assert outcome.failed == 0
+        else:
+            assert outcome.failed > 0
+            assert {status for status, _ in outcome.refusals} == {503}, outcome.refusals
+            assert max(seconds for _, seconds in outcome.refusals) < 5.0
 
 
 async def test_handle_expiring_while_queued(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ json_scalar = (
     st.none()
     | st.booleans()
     | st.integers(-(2**40), 2**40)
-    | st.floats(allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)  # what JSON can carry
     | st.text(max_size=40)
 )
 json_value = st.recursive(
@@ -96,7 +96,10 @@ completion_body = st.fixed_dictionaries(
         "conversation_id": conversation_id,
     },
 )
-header_value = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=300)
+# What an HTTP client can send at all: no leading or trailing blanks (h11 refuses them).
+header_value = st.text(
+    alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=300
+).map(str.strip)
 
 
 def _check(response: httpx.Response) -> None:
