@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai import MAX_TOKENS_LIMIT
+from router.openai import MAX_TOKEN_ID, MAX_TOKENS_LIMIT
 from state import MAX_ID_LENGTH
 
 __all__ = ["openapi_document"]
@@ -63,7 +63,12 @@ class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=False):
 class CompletionRequest(msgspec.Struct, forbid_unknown_fields=False):
     """OpenAI's completion request; a prompt of token ids is taken as is."""
 
-    prompt: str | Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(min_length=1)]
+    prompt: (
+        str
+        | Annotated[
+            list[Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]], msgspec.Meta(min_length=1)
+        ]
+    )
     model: str | None = None
     max_tokens: MaxTokens | None = None
     stream: bool | None = False
@@ -169,7 +174,15 @@ def _generation(request: str, summary: str) -> dict[str, Any]:
                     "description": "the completion, or a server-sent event stream of chunks",
                     "content": {
                         **_json("Completion"),
-                        "text/event-stream": {"schema": {"type": "string"}},
+                        # OpenAPI 3.1: the schema of one event; each ``data`` is a JSON chunk,
+                        # then ``[DONE]`` (an error event before it if D broke off)
+                        "text/event-stream": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"data": {"type": "string"}},
+                                "required": ["data"],
+                            }
+                        },
                     },
                 },
                 **_errors(400, 401, 404, 413, 422, 502, 503, 504),

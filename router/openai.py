@@ -12,6 +12,7 @@ from router.errors import BadRequest, KvParamsRefused
 __all__ = ["ChatView", "CompletionView", "parse_body"]
 
 MAX_TOKENS_LIMIT = 10_000_000
+MAX_TOKEN_ID = 2**31 - 1  # any vocabulary fits; larger ids are garbage, not a token
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _decoder = msgspec.json.Decoder()
 
@@ -83,6 +84,6 @@ def parse_body(
             raise BadRequest(
                 "prompt must be a non-empty string or list of token ids", param="prompt"
             )
-        if isinstance(view.prompt, list) and any(t < 0 for t in view.prompt):
-            raise BadRequest("token ids must be non-negative", param="prompt")
+        if isinstance(view.prompt, list) and any(not 0 <= t <= MAX_TOKEN_ID for t in view.prompt):
+            raise BadRequest(f"token ids must be between 0 and {MAX_TOKEN_ID}", param="prompt")
     return body, view

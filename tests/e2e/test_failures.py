@@ -266,6 +266,19 @@ async def test_bad_bodies_get_openai_errors(
 
 
 @pytest.mark.parametrize(
+    "prompt", [[1, -1], [2017, 7874619527822778658960633979994112], [2**31], [], ""]
+)
+async def test_bad_token_id_prompts_are_400(bad_input_stack: Stack, prompt: Any) -> None:
+    s = bad_input_stack
+    r = await s.client.post(
+        s.router.url + "/v1/completions",
+        json={"model": "sim-qwen3", "prompt": prompt, "conversation_id": "ids"},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize(
     ("raw", "status"),
     [
         (b"{not json", 400),
