@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai import MAX_TOKEN_ID, MAX_TOKENS_LIMIT
+from router.openai import MAX_TOKEN_ID, MAX_TOKENS_LIMIT, StreamOptions
 from state import MAX_ID_LENGTH
 
 __all__ = ["openapi_document"]
@@ -38,10 +38,6 @@ class ContentPart(msgspec.Struct, forbid_unknown_fields=False):
 class ChatMessage(msgspec.Struct, forbid_unknown_fields=False):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
-
-
-class StreamOptions(msgspec.Struct, forbid_unknown_fields=False):
-    include_usage: bool | None = None
 
 
 class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=False):
@@ -145,8 +141,12 @@ _CONVERSATION_HEADER = {
     "name": "X-Conversation-ID",
     "in": "header",
     "required": False,
-    "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": ID_PATTERN},
-    "description": "The conversation id, when the body has none (X-Session-ID also works).",
+    # Not constrained here: a body ``conversation_id`` wins and the header is then ignored.
+    "schema": {"type": "string"},
+    "description": (
+        "The conversation id when the body has none (X-Session-ID also works); then it must "
+        f"be 1 to {MAX_ID_LENGTH} printable characters without whitespace."
+    ),
 }
 _MODEL_QUERY = {
     "name": "model",

@@ -17,14 +17,19 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 _decoder = msgspec.json.Decoder()
 
 
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=False):
+    include_usage: bool | None = None
+
+
 class _Common(msgspec.Struct):
     model: str | None = None
     stream: bool | None = False
     max_tokens: int | None = None
     n: int | None = None
+    temperature: float | None = None  # a bool here is a client bug, not 0.0
     return_token_ids: bool | None = None
     conversation_id: str | None = None
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
 
 
 class ChatView(_Common):

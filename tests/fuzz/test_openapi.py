@@ -60,7 +60,7 @@ def test_the_published_document_is_the_one_tested(router: Process) -> None:
 
 
 @SCHEMA.parametrize()
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_every_operation_holds_its_schema(case: schemathesis.Case, router: Process) -> None:
     response = case.call(base_url=router.url, timeout=60)
     case.validate_response(response, checks=CHECKS)
