@@ -51,6 +51,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-byte-timeout", type=float)
     p.add_argument("--store-timeout", type=float)
     p.add_argument("--health-timeout", type=float, help="one health or metrics probe (default 1 s)")
+    p.add_argument("--connect-timeout", type=float, help="TCP connect to an engine (default 2 s)")
     p.add_argument("--health-interval", type=float)
     p.add_argument("--held-interval", type=float, help="reads of handles held per decode (10 s)")
     p.add_argument("--max-body-bytes", type=int)
@@ -110,6 +111,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         ("prefill", args.prefill_timeout),
         ("first_byte", args.first_byte_timeout),
         ("health", args.health_timeout),
+        ("connect", args.connect_timeout),
     ):
         if value is not None:
             timeouts[key] = value

@@ -111,6 +111,11 @@ class VllmPair:
         if producer:
             config["kv_load_failure_policy"] = "fail"  # "recompute" hangs on a bad handle
         args = [
+            # An idle CPU engine spins a core; at a lower priority it still gets every idle
+            # cycle, and the router and the tests beside it are not starved past their timers.
+            "nice",
+            "-n",
+            "10",
             str(env_dir() / "bin" / "python"),
             "-m",
             "vllm.entrypoints.openai.api_server",

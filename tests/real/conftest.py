@@ -59,6 +59,8 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
         "10",
         "--store-timeout",
         "5",
+        "--connect-timeout",
+        "10",
         "--prefill-timeout",
         "120",
         "--first-byte-timeout",
