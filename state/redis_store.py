@@ -17,7 +17,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
@@ -173,18 +173,31 @@ class RedisStore:
 
     @classmethod
     def from_url(
-        cls, url: str, *, timeout: float = 0.25, namespace: str = "carryover", **kwargs: Any
+        cls,
+        url: str,
+        *,
+        timeout: float = 0.25,
+        namespace: str = "carryover",
+        max_connections: int = 256,
+        **kwargs: Any,
     ) -> RedisStore:
         """A store with its own connection pool: no retries (a failed call is served cold, not
-        repeated) and socket timeouts bounded by ``timeout``."""
-        client = Redis.from_url(
+        repeated) and socket timeouts bounded by ``timeout``.
+
+        The pool blocks when all its connections are busy: redis-py's default pool raises
+        ``MaxConnectionsError`` at once beyond 100, which under a burst of turns served
+        hundreds of them cold in a soak. Waiting for a connection counts against ``timeout``.
+        """
+        pool = BlockingConnectionPool.from_url(
             url,
+            max_connections=max_connections,
+            timeout=timeout,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=Retry(NoBackoff(), 0),
             **kwargs,
         )
-        return cls(client, timeout=timeout, namespace=namespace, owns_client=True)
+        return cls(Redis.from_pool(pool), timeout=timeout, namespace=namespace, owns_client=True)
 
     def _key(self, key: ConversationKey) -> str:
         return key.storage_key(self._namespace)

@@ -155,3 +155,22 @@ async def test_a_record_that_expired_unclaimed_is_counted_even_when_its_turn_res
     held = await store.held(["d0", "d1"], now=time.time())
     assert (held["d0"].count, held["d0"].expired) == (2, 1)
     assert (held["d1"].count, held["d1"].expired) == (0, 1)
+
+
+async def test_a_burst_beyond_the_redis_pool_waits_instead_of_failing(
+    redis_server: RedisServer,
+) -> None:
+    # 200 concurrent turns through 4 connections: each waits for one, none is served cold.
+    store = RedisStore.from_url(
+        redis_server.url, namespace=f"t{uuid.uuid4().hex}", max_connections=4, timeout=5
+    )
+    try:
+        keys = [key(f"burst{i}") for i in range(200)]
+        written = await asyncio.gather(
+            *(store.commit(k, make_record(1), now=time.time()) for k in keys)
+        )
+        assert all(written)
+        claimed = await asyncio.gather(*(store.claim(k) for k in keys))
+        assert all(r is not None for r in claimed)
+    finally:
+        await store.close()
