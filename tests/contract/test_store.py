@@ -20,7 +20,11 @@ async def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> As
     if request.param == "memory":
         backend = MemoryStore()
     else:
-        backend = RedisStore.from_url(redis_server.url, namespace=f"t{uuid.uuid4().hex}")
+        # A generous deadline: this is the contract, not the speed (first calls load scripts
+        # and open connections, slow on a loaded machine).
+        backend = RedisStore.from_url(
+            redis_server.url, namespace=f"t{uuid.uuid4().hex}", timeout=2.0
+        )
     yield backend
     await backend.close()
 
