@@ -99,8 +99,8 @@ async def test_two_routers_racing_commits_end_with_the_later_turn(
     redis_server: RedisServer,
 ) -> None:
     namespace = f"t{uuid.uuid4().hex}"
-    a = RedisStore.from_url(redis_server.url, namespace=namespace)
-    b = RedisStore.from_url(redis_server.url, namespace=namespace)
+    a = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
+    b = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
     try:
         for round_ in range(20):
             k = key(f"race{round_}")
