@@ -115,6 +115,13 @@ class RouterMetrics:
             ["instance"],
             registry=r,
         )
+        self.restarts = Counter(
+            "carryover_instance_restarts",
+            "Restarts of an instance this replica noticed (a new process start time, or refused "
+            "connections before it answered again); a decode restart makes its records stale.",
+            ["instance", "role"],
+            registry=r,
+        )
         self.in_flight = Gauge("carryover_in_flight", "Requests in flight.", registry=r)
 
     def instance_up(self, name: str, role: str, up: bool) -> None:

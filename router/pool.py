@@ -279,6 +279,8 @@ class InstancePool:
         instance.kv_usage = gauges.get("vllm:kv_cache_usage_perc", instance.kv_usage)
         if instance.version is None or restarted:
             await self._read_version(instance)
+        if restarted:
+            self._metrics.restarts.labels(instance.name, instance.role).inc()
         if restarted and instance.role == "decode":
             await self._bump_epoch(instance)
         if not instance.healthy:

@@ -5,7 +5,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.reaper import start_watchdog
 from tests.support.redis_server import RedisServer
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Whatever the run starts dies with it, also when it is killed (tests/support/reaper.py).
+    start_watchdog(config)
 
 
 @pytest.fixture(scope="session")

@@ -202,51 +202,66 @@ class VllmPair:
                     raise _StartTimedOut(f"vLLM {instance.role} did not start within {timeout:g} s")
                 time.sleep(1)
 
-    def warm_up(self) -> None:
-        """A full bidirectional cycle (P->D, then D->P and P->D again). The first NIXL handshake
-        between two CPU instances registers every block and took about 30 s each way here:
-        paid once, before anything is timed or expires."""
+    def warm_up(self, timeout: float = 900.0) -> None:
+        """A full bidirectional cycle (P->D, then D->P and P->D again) and a first sampled
+        request on each instance, before anything is timed or expires.
+
+        The first NIXL transfer each way registers every block (about 30 s each way here; a
+        first forward pass took 41 s on two loaded cores). A cycle that fails (a handshake
+        outlasting a handle's lifetime, say) is run again from its start: the handshakes it
+        began persist, so every attempt gets further. When ``timeout`` passes, this raises with
+        every failure seen and the tail of both engines' logs; the caller stops the pair."""
         assert self.prefill is not None and self.decode is not None
         p, d = self.prefill.url, self.decode.url
+        deadline = time.monotonic() + timeout
+        failures: list[str] = []
 
         def post(
-            url: str, prompt: list[int], max_tokens: int, kv: dict[str, Any]
+            url: str, prompt: list[int], max_tokens: int, kv: dict[str, Any] | None
         ) -> dict[str, Any]:
-            body = {
+            body: dict[str, Any] = {
                 "model": SERVED_NAME,
                 "prompt": prompt,
                 "max_tokens": max_tokens,
                 "ignore_eos": True,
                 "return_token_ids": True,
                 "logprobs": 1,
-                "kv_transfer_params": kv,
             }
-            response = httpx.post(url + "/v1/completions", json=body, timeout=900)
+            if kv is not None:
+                body["kv_transfer_params"] = kv
+            left = max(1.0, deadline - time.monotonic())
+            response = httpx.post(url + "/v1/completions", json=body, timeout=left)
             response.raise_for_status()
             answer: dict[str, Any] = response.json()
             return answer
 
-        prompt = list(range(1000, 1300))
-        for attempt in range(2):
+        def cycle() -> None:
+            prompt = list(range(1000, 1300))
             p1 = post(p, prompt, 1, {"do_remote_decode": True})
-            d1 = post(d, prompt, 8, p1["kv_transfer_params"])
+            d1 = post(d, prompt, 8, p1["kv_transfer_params"])  # D pulls from P
             prompt2 = prompt + d1["choices"][0]["token_ids"] + list(range(2000, 2100))
-            try:
-                p2 = post(p, prompt2, 1, d1["kv_transfer_params"])
-            except httpx.HTTPStatusError:
-                # The handshakes can outlast a short decoder_kv_blocks_ttl; they are done now.
-                if attempt:
-                    raise
-                continue
+            p2 = post(p, prompt2, 1, d1["kv_transfer_params"])  # P pulls from D
             post(d, prompt2, 4, p2["kv_transfer_params"])
-            break
-        # Sampling with logprobs has a slow first use of its own on each instance.
-        for url in (p, d):
-            httpx.post(
-                url + "/v1/completions",
-                json={"model": SERVED_NAME, "prompt": prompt, "max_tokens": 4, "logprobs": 1},
-                timeout=900,
-            ).raise_for_status()
+            # Sampling with logprobs has a slow first use of its own on each instance.
+            for url in (p, d):
+                post(url, prompt, 4, None)
+
+        while True:
+            try:
+                cycle()
+                return
+            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+            if time.monotonic() >= deadline:
+                tails = "\n".join(
+                    f"--- {i.role} ({i.log}):\n{i.log.read_text(errors='replace')[-3000:]}"
+                    for i in (self.prefill, self.decode)
+                )
+                raise RuntimeError(
+                    f"vLLM P/D warm-up did not complete a bidirectional cycle within "
+                    f"{timeout:g} s; attempts failed with:\n" + "\n".join(failures) + "\n" + tails
+                )
+            time.sleep(1)  # a failed attempt returned at once: do not spin on it
 
     def stop(self) -> None:
         """SIGTERM to each instance's whole process group, then wait until every member is

@@ -106,6 +106,16 @@ class SimEngine:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._side_channel: asyncio.Server | None = None
+        # Seconds this engine's clock runs ahead of the host's: tests move time forward
+        # (``advance_clock``) instead of sleeping through a TTL.
+        self._clock_offset = 0.0
+
+    def now(self) -> float:
+        """This engine's monotonic clock (pins, leases and their deadlines live on it)."""
+        return time.monotonic() + self._clock_offset
+
+    def advance_clock(self, seconds: float) -> None:
+        self._clock_offset += seconds
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -345,10 +355,7 @@ class SimEngine:
             self._drop_hold(request_id)
             return {"ok": True}
         deadline = message.get("deadline")
-        if (
-            isinstance(deadline, (int, float))
-            and time.monotonic() + EXPIRY_SAFETY_MARGIN >= deadline
-        ):
+        if isinstance(deadline, (int, float)) and self.now() + EXPIRY_SAFETY_MARGIN >= deadline:
             raise SideChannelError("expired", "Declining expired remote read")
         block_ids = message.get("block_ids")
         if not isinstance(block_ids, list) or not all(
@@ -376,7 +383,7 @@ class SimEngine:
     async def _expire_holds(self) -> None:
         while True:
             await asyncio.sleep(0.2)
-            now = time.monotonic()
+            now = self.now()
             for request_id, hold in list(self._holds.items()):
                 if now >= hold.deadline:
                     log.warning("Releasing expired KV blocks for request %s", request_id)
@@ -488,7 +495,7 @@ class SimEngine:
         self.pool.release(extra)
         request_id = seq.request.request_id
         self._holds[request_id] = _Hold(
-            held, time.monotonic() + self.config.extra.kv_lease_duration, pinned=False
+            held, self.now() + self.config.extra.kv_lease_duration, pinned=False
         )
         params = self._node_params(request_id, held, len(prompt), p_node=True, expiry=None)
         params["remote_prefill_cached_tokens"] = seq.cached + seq.external
@@ -504,7 +511,7 @@ class SimEngine:
         keep = _cdiv(kept_tokens, self.config.block_size)
         held, extra = seq.blocks[:keep], seq.blocks[keep:]
         self.pool.release(extra)
-        deadline = time.monotonic() + self.config.extra.decoder_kv_blocks_ttl
+        deadline = self.now() + self.config.extra.decoder_kv_blocks_ttl
         self._holds[request.request_id] = _Hold(held, deadline, pinned=True)
         return self._node_params(
             request.request_id, held, kept_tokens, p_node=False, expiry=deadline

@@ -536,7 +536,9 @@ class SimServer:
         )
 
     async def set_faults(self, request: web.Request) -> web.Response:
-        """``{"kill"|"restart"|"evict_pinned": true}`` act once; the other fields stay set."""
+        """``{"kill"|"restart"|"evict_pinned": true}`` and ``{"advance_clock": seconds}`` (moves
+        this engine's clock forward: pins and leases expire as if that time had passed) act
+        once; the other fields stay set."""
         try:
             body = await self._body(request)
         except EngineError as exc:
@@ -550,6 +552,12 @@ class SimServer:
             result["engine_id"] = self.engine.engine_id
         if body.pop("evict_pinned", False):
             result["evicted"] = self.engine.evict_held()
+        advance = body.pop("advance_clock", None)
+        if advance is not None:
+            if not isinstance(advance, (int, float)) or isinstance(advance, bool) or advance < 0:
+                return _error(400, "advance_clock takes a number of seconds >= 0")
+            self.engine.advance_clock(float(advance))
+            result["clock"] = self.engine.now()
         try:
             current = msgspec.structs.asdict(self.faults)
             current.update(body)

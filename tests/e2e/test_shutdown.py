@@ -8,8 +8,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
 from tests.support.stack import chat_turn, stack
+from tests.support.waiting import eventually
 
 TEXT = (
     "Tell me slowly about rivers and stones in an old garden, and the gardener, season by season. "
@@ -38,7 +40,14 @@ async def test_sigterm_lets_streams_finish_and_commit(
                 ignore_eos=True,
             )
         )
-        await asyncio.sleep(0.4)  # the stream is under way
+        # The stream is under way once D generates it (SIGTERM after it ended would prove
+        # nothing more than a plain stop; before it, the router must still finish the turn).
+        await eventually(
+            lambda: ascrape(s.client, s.decode[0].url),
+            lambda m: m.get("vllm:num_requests_running", 0) >= 1,
+            what="D decodes the stream",
+            interval=0.01,
+        )
         assert victim.process is not None
         victim.process.send_signal(signal.SIGTERM)
         got = await stream

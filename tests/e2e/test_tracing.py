@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +16,7 @@ from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess
 from tests.support.sims import running, sim_config
 from tests.support.stack import chat_turn, router_args
+from tests.support.waiting import eventually
 
 TEXT = "Explain, step {i}, how lighthouses were kept lit through long winter storms. "
 
@@ -74,10 +74,10 @@ async def test_a_turn_is_traced_leg_by_leg_under_the_clients_trace(tmp_path: Pat
         finally:
             router.stop()  # shutdown flushes what is still batched
 
-        for _ in range(50):
-            if sum(1 for s in spans if s.trace_id.hex() == trace_id) >= 6:
-                break
-            await asyncio.sleep(0.1)
+        async def ours_count() -> int:
+            return sum(1 for s in spans if s.trace_id.hex() == trace_id)
+
+        await eventually(ours_count, lambda n: n >= 6, what="the turn's six spans are exported")
         ours = {s.name: s for s in spans if s.trace_id.hex() == trace_id}
         assert set(ours) == {"carryover.turn", "render", "claim", "prefill", "decode", "commit"}
         root = ours["carryover.turn"]

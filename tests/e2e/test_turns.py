@@ -15,6 +15,7 @@ from tests.support.stack import (
     reference_chat,
     stack,
 )
+from tests.support.waiting import eventually
 
 TEXT = (
     "Tell me, turn {i}, about rivers and stones in an old garden, what the seasons do to them, "
@@ -116,15 +117,13 @@ async def test_without_conversation_id_plain_pd_and_handle_released(tmp_path: Pa
             got = await chat_turn(s.client, s.router.url, messages)
             assert got.status == 200 and got.path == "cold-miss"
             assert got.content == (await reference_chat(s, messages)).content
-        # D's pinned blocks are released right away instead of waiting for the TTL.
-        for _ in range(50):
-            held = (await s.client.get(s.decode[0].url + "/sim/state")).json()["held_requests"]
-            if not held:
-                break
-            import asyncio
 
-            await asyncio.sleep(0.05)
-        assert held == []
+        # D's pinned blocks are released right away instead of waiting for the TTL.
+        async def held() -> list[str]:
+            state = (await s.client.get(s.decode[0].url + "/sim/state")).json()
+            return list(state["held_requests"])
+
+        await eventually(held, lambda h: h == [], what="D's pins are released")
 
 
 async def test_conversation_id_from_headers(tmp_path: Path) -> None:

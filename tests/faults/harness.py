@@ -107,8 +107,10 @@ async def harness(
         args += [
             "--redis",
             redis.url,
+            # Short, so that a frozen Redis costs little per turn; not so short that a loaded
+            # machine's ordinary store calls miss it.
             "--store-timeout",
-            "0.1",
+            "0.5",
             "--health-interval",
             "0.2",
             "--prefill-timeout",

@@ -2,6 +2,11 @@
 
 One P/D pair serves the whole session (a start takes a minute or two on 2 cores); tests that
 need other router settings start their own router in front of it.
+
+No test here races a clock: D pins a turn's blocks for an hour and the routers are told so, far
+beyond any turn of a slow or loaded machine (a first forward pass took 41 s on two busy cores).
+What expiry does is tested by moving time explicitly (``test_expired_handles_are_served_cold``)
+and, in full, against the simulator, whose clock tests drive.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from tests.support.router_proc import RouterProcess
 
 pytestmark = pytest.mark.real
 
-#: D's pins live this long (short, so that a test can outlive one); the router is told the same.
-D_TTL = 45.0
+#: D's pins live this long (an hour: no test outlives one by accident); the router is told the
+#: same. D has 8192 blocks of 128 tokens, so a session's pins take a few percent of it.
+D_TTL = 3600.0
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +36,12 @@ def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmPair]:
         # the router attached; D keeps its cache (the realistic side).
         p_args=["--no-enable-prefix-caching"],
     )
-    pair.start()
-    pair.warm_up()
-    yield pair
-    pair.stop()
+    try:  # a failed start or warm-up stops both engines too
+        pair.start()
+        pair.warm_up()
+        yield pair
+    finally:
+        pair.stop()
 
 
 def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:

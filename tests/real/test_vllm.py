@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from bench.real.launch import SERVED_NAME, VllmPair
+from router.auth import DEFAULT_TENANT
+from state import ConversationKey, RedisStore
 from tests.real.conftest import D_TTL, router_flags
 from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.real
 
@@ -169,24 +174,31 @@ async def test_completions_full_reuse_over_five_turns(
         messages=[{"role": "user", "content": text(nonce, 0)}],
         add_generation_prompt=True,
     )
-    previous_r = None
+    # The whole conversation on P alone first: its answers are the reference, and the routed
+    # turns then follow each other without a slow reference call in between.
+    prompts: list[list[int]] = []
+    wants: list[dict[str, Any]] = []
     for turn in range(5):
+        want = (await completion(client, p_url, prompt)).json()
+        prompts.append(prompt)
+        wants.append(want)
+        suffix = f"<|im_end|>\n<|im_start|>user\n{text(nonce, turn + 1, 60)}<|im_end|>\n<|im_start|>assistant\n"
+        output = want["choices"][0]["token_ids"]
+        prompt = prompt + output + await tokenize(client, p_url, prompt=suffix)
+    previous_r = None
+    for turn, (prompt, want) in enumerate(zip(prompts, wants, strict=True)):
         before = await pulled(client, p_url)
         r = await completion(client, real_router.url, prompt, conversation=nonce)
         assert r.status_code == 200, r.text
         got = r.json()
         after = await pulled(client, p_url)
-        want = (await completion(client, p_url, prompt)).json()
         assert same_output(got, want, chat=False), f"turn {turn + 1} differs from the reference"
         if turn == 0:
             assert r.headers["x-carryover-path"] == "cold-miss"
         else:
             assert r.headers["x-carryover-path"] == "reuse"
             assert after - before == previous_r  # P pulled all of D's history
-        output = got["choices"][0]["token_ids"]
-        previous_r = len(prompt) + len(output) - 1
-        suffix = f"<|im_end|>\n<|im_start|>user\n{text(nonce, turn + 1, 60)}<|im_end|>\n<|im_start|>assistant\n"
-        prompt = prompt + output + await tokenize(client, p_url, prompt=suffix)
+        previous_r = len(prompt) + len(got["choices"][0]["token_ids"]) - 1
 
 
 async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(
@@ -311,12 +323,9 @@ async def test_release_and_delete_free_decode_blocks_at_once(
 ) -> None:
     _, d_url = urls(vllm_pair)
     usage = "vllm:kv_cache_usage_perc"
-    # Let the pins of earlier tests expire (D_TTL), so that D's usage is this test's alone.
-    for _ in range(int(D_TTL * 2) + 10):
-        if (await ascrape(client, d_url))[usage] == 0:
-            break
-        await asyncio.sleep(0.5)
-    assert (await ascrape(client, d_url))[usage] == 0
+    # Earlier tests' pins live for the session: D's usage is measured against what it was
+    # before this test (tests run one at a time), in blocks.
+    u0 = (await ascrape(client, d_url))[usage]
     nonce = uuid.uuid4().hex[:8]
     r1 = await chat(
         client,
@@ -330,7 +339,8 @@ async def test_release_and_delete_free_decode_blocks_at_once(
         -(len(r1.json()["prompt_token_ids"]) + len(r1.json()["choices"][0]["token_ids"]) - 1)
         // BLOCK
     )
-    total_blocks = round(blocks1 / u1)  # D pins exactly the turn's blocks
+    total_blocks = round(blocks1 / (u1 - u0))  # D pins exactly the turn's blocks
+    assert total_blocks == 8192  # VLLM_CPU_KVCACHE_SPACE=1 GiB of this model's blocks
     # The same conversation id with an unrelated history: nothing is reusable, so the old
     # handle goes to P with remote_num_tokens 0 and D frees it while this turn runs.
     other = [{"role": "user", "content": "x " + text(nonce + "b", 0, 30)}]
@@ -340,12 +350,12 @@ async def test_release_and_delete_free_decode_blocks_at_once(
         -(len(r2.json()["prompt_token_ids"]) + len(r2.json()["choices"][0]["token_ids"]) - 1)
         // BLOCK
     )
-    assert (
-        round((await ascrape(client, d_url))[usage] * total_blocks) == blocks2
-    )  # turn 1's are gone
+    held = round(((await ascrape(client, d_url))[usage] - u0) * total_blocks)
+    assert held == blocks2  # turn 1's are gone
     deleted = await client.delete(f"{real_router.url}/v1/conversations/{nonce}")
     assert deleted.json() == {"id": nonce, "deleted": True, "released": True}
-    assert (await ascrape(client, d_url))[usage] == 0  # at once, not after the TTL
+    # At once, not after the TTL.
+    assert round(((await ascrape(client, d_url))[usage] - u0) * total_blocks) == 0
 
 
 async def test_streaming_on_032_returns_no_handle_and_next_turn_is_cold(
@@ -423,34 +433,45 @@ async def test_prefill_unavailable_decode_serves_alone_and_reuse_continues(
 
 
 async def test_expired_handles_are_served_cold(
-    client: httpx.AsyncClient, vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+    client: httpx.AsyncClient,
+    vllm_pair: VllmPair,
+    redis_server: RedisServer,
+    real_router: RouterProcess,
 ) -> None:
+    # Time is moved, not waited for: the stored handle's deadline (D's clock, which P compares
+    # with its own through the handshake's offset) is set back by D's TTL, as if D kept blocks
+    # for no time at all. P then declines the read as it declines any expired one (HTTP 500,
+    # "Declining expired remote read") and the router retries the turn cold. D's own expiry
+    # is tested with the simulator, whose clock can jump.
     p_url, _ = urls(vllm_pair)
-    # This router believes D keeps blocks for 480 s; D drops them after D_TTL. P declines the
-    # read of the expired handle (HTTP 500) and the router retries the turn cold.
-    flags = router_flags(vllm_pair, redis_server)
-    flags[flags.index("--decoder-kv-blocks-ttl") + 1] = "480"
-    router = RouterProcess(flags, tmp_path)
-    await router.start(timeout=180)
+    nonce = uuid.uuid4().hex[:8]
+    prompt = await tokenize(
+        client,
+        p_url,
+        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
+        add_generation_prompt=True,
+    )
+    prompt2_tail = [198] * 20
+    first = (await completion(client, real_router.url, prompt, conversation=nonce)).json()
+    prompt2 = prompt + first["choices"][0]["token_ids"] + prompt2_tail
+    want = (await completion(client, p_url, prompt2)).json()
+    key = ConversationKey(DEFAULT_TENANT, SERVED_NAME, nonce)
+    store = RedisStore.from_url(redis_server.url, timeout=5)
     try:
-        nonce = uuid.uuid4().hex[:8]
-        prompt = await tokenize(
-            client,
-            p_url,
-            messages=[{"role": "user", "content": text(nonce, 0, 300)}],
-            add_generation_prompt=True,
-        )
-        first = (await completion(client, router.url, prompt, conversation=nonce)).json()
-        await asyncio.sleep(D_TTL - 5 + 1)
-        prompt2 = prompt + first["choices"][0]["token_ids"] + [198] * 20
-        r = await completion(client, router.url, prompt2, conversation=nonce)
-        assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-error"
-        assert same_output(r.json(), (await completion(client, p_url, prompt2)).json(), chat=False)
-        assert (await ascrape(client, router.url))[
-            "carryover_retries_total{cause=prefill_handle_rejected}"
-        ] == 1
+        record = await store.get(key)
+        assert record is not None
+        handle = dict(record.handle)
+        handle["remote_blocks_expiry_time"] -= D_TTL
+        expired = msgspec.structs.replace(record, handle=handle)
+        assert await store.commit(key, expired, now=time.time())
     finally:
-        router.stop()
+        await store.close()
+    r = await completion(client, real_router.url, prompt2, conversation=nonce)
+    assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-error"
+    assert same_output(r.json(), want, chat=False)
+    metrics = await ascrape(client, real_router.url)
+    assert metrics["carryover_retries_total{cause=prefill_handle_rejected}"] == 1
+    assert (await ascrape(client, p_url))["vllm:nixl_num_kv_expired_reqs_total"] >= 1
 
 
 async def test_zz_decode_restart_makes_records_stale(
@@ -459,11 +480,9 @@ async def test_zz_decode_restart_makes_records_stale(
     # Last in the module: it restarts the pair (P and D together, as this machine needs) on the
     # same ports. D comes back with a new engine id; the router sees the restart and bumps D's
     # epoch, so the stored handle is stale: the next turn is cold without ever sending it (a
-    # sent stale handle would show as a P 500 and the path "cold-error"). The router is told a
-    # long TTL so that the record outlives the minute-long restart.
-    flags = router_flags(vllm_pair, redis_server)
-    flags[flags.index("--decoder-kv-blocks-ttl") + 1] = "480"
-    router = RouterProcess(flags, tmp_path)
+    # sent stale handle would show as a P 500 and the path "cold-error"). The record outlives
+    # the minute-long restart (D_TTL).
+    router = RouterProcess(router_flags(vllm_pair, redis_server), tmp_path)
     await router.start(timeout=180)
     try:
         nonce = uuid.uuid4().hex[:8]
@@ -472,6 +491,17 @@ async def test_zz_decode_restart_makes_records_stale(
         assert r1.status_code == 200
         await asyncio.to_thread(vllm_pair.restart)
         await asyncio.to_thread(vllm_pair.warm_up)
+        _, d_url = urls(vllm_pair)
+        restarts = (
+            f"carryover_instance_restarts_total{{instance={d_url.removeprefix('http://')},"
+            "role=decode}"
+        )
+        await eventually(
+            lambda: ascrape(client, router.url),
+            lambda m: m.get(restarts, 0) >= 1,
+            what="the router notices D's restart",
+            timeout=120,
+        )
         messages += [
             {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]},
             {"role": "user", "content": text(nonce, 1, 30)},

@@ -5,7 +5,6 @@ The reference for "correct" is always a fresh instance with no kv params and an 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +16,7 @@ from bench.sim.server import SimServer
 from tests.sim.helpers import LONG, chat_body, output_ids, pd_chat, post, reference, tokenize, user
 from tests.support.metrics import ascrape
 from tests.support.sims import MODEL, pd_pair, running, sim_config
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -199,20 +199,20 @@ async def test_below_threshold_pull_is_skipped_and_releases(client: httpx.AsyncC
 
 
 async def test_expired_handle_fails_fast_with_500(client: httpx.AsyncClient) -> None:
-    # D's TTL of 5.3 s is inside P's 5 s safety margin after 0.3 s.
-    async with pd_pair(d_ttl=5.3, p_enable_prefix_caching=False) as (p, d):
+    async with pd_pair(p_enable_prefix_caching=False) as (p, d):
         first = [user(LONG * 2)]
         d1, _ = await pd_chat(client, p, d, chat_body(first))
-        await asyncio.sleep(0.4)
+        # D's clock moves past the pin's TTL (480 s) minus P's 5 s safety margin.
+        await post(client, d, "/sim/faults", {"advance_clock": 476})
         body2 = chat_body(turn2_messages(first, d1["choices"][0]["message"]["content"]))
-        started = time.monotonic()
+        # Declined with a 500, not a hang (the client's 10 s timeout would raise instead).
         r = await post(
             client,
             p,
             "/v1/chat/completions",
             {**body2, "max_tokens": 1, "kv_transfer_params": d1["kv_transfer_params"]},
         )
-        assert r.status_code == 500 and time.monotonic() - started < 1
+        assert r.status_code == 500
         assert r.json()["error"]["message"] == "Internal server error"
         metrics = await ascrape(client, p.url)
         assert metrics["vllm:nixl_num_kv_expired_reqs_total"] == 1
@@ -221,11 +221,18 @@ async def test_expired_handle_fails_fast_with_500(client: httpx.AsyncClient) -> 
 
 
 async def test_pinned_blocks_are_released_after_the_ttl(client: httpx.AsyncClient) -> None:
-    async with pd_pair(d_ttl=0.3) as (p, d):
+    async with pd_pair() as (p, d):
         await pd_chat(client, p, d, chat_body([user(LONG)]))
-        assert (await client.get(d.url + "/sim/state")).json()["held_requests"]
-        await asyncio.sleep(0.8)
-        assert (await client.get(d.url + "/sim/state")).json()["held_requests"] == []
+
+        async def held() -> list[str]:
+            held: list[str] = (await client.get(d.url + "/sim/state")).json()["held_requests"]
+            return held
+
+        assert await held()
+        await post(client, d, "/sim/faults", {"advance_clock": 400})
+        assert await held()  # not before the TTL
+        await post(client, d, "/sim/faults", {"advance_clock": 80})
+        await eventually(held, lambda h: h == [], what="D releases the pin at its TTL")
 
 
 async def test_handle_used_twice_is_read_again_and_goes_wrong_after_reuse(

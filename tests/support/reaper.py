@@ -1,0 +1,105 @@
+"""Every process a test run starts dies with the run, however the run ends.
+
+Fixtures stop what they start, but a run killed by SIGTERM, SIGKILL or a CI timeout runs no
+finalizer, and servers started in their own sessions (routers with their granian workers,
+vLLM with its engine-core children) then outlive it. This plugin marks the run: it puts a
+unique ``CARRYOVER_TEST_RUN`` value into the environment, which every descendant inherits,
+and starts a watchdog in a session of its own. When the pytest process is gone (a pidfd
+becomes readable: no polling), the watchdog finds every process whose environment carries
+the mark, sends SIGTERM, and SIGKILL to what is left after a grace period.
+
+``tests/conftest.py`` starts it for every run (so does ``-p tests.support.reaper``);
+``python -m tests.support.reaper PID MARK`` is the watchdog.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+MARK_VARIABLE = "CARRYOVER_TEST_RUN"
+GRACE_SECONDS = 10.0
+_WATCHDOG = pytest.StashKey[subprocess.Popen[bytes]]()
+
+
+def marked_pids(mark: str) -> list[int]:
+    """Processes whose initial environment holds ``CARRYOVER_TEST_RUN=mark``."""
+    needle = f"{MARK_VARIABLE}={mark}".encode()
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def sweep(mark: str, grace: float = GRACE_SECONDS) -> list[int]:
+    """SIGTERM every marked process, SIGKILL the survivors after ``grace``; returns who was hit."""
+    hit = marked_pids(mark)
+    for pid in hit:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and marked_pids(mark):
+        time.sleep(0.1)
+    for pid in marked_pids(mark):
+        _signal(pid, signal.SIGKILL)
+    return hit
+
+
+def _signal(pid: int, signum: signal.Signals) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def watch(parent: int, mark: str) -> None:
+    """Block until ``parent`` exits, then sweep the run's processes."""
+    try:
+        fd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        pass
+    else:
+        select.select([fd], [], [])
+        os.close(fd)
+    sweep(mark)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    start_watchdog(config)
+
+
+def start_watchdog(config: pytest.Config) -> None:
+    """Mark this run and start its watchdog (a nested run marks its own children anew)."""
+    if _WATCHDOG in config.stash:
+        return
+    mark = uuid.uuid4().hex
+    os.environ[MARK_VARIABLE] = mark
+    environment = {k: v for k, v in os.environ.items() if k != MARK_VARIABLE}
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.reaper", str(os.getpid()), mark],
+        env=environment,
+        cwd=Path(__file__).parents[2],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a signal to pytest's process group does not reach it
+    )
+    config.stash[_WATCHDOG] = watchdog
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), sys.argv[2])
