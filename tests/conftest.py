@@ -4,9 +4,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.reaper import start_watchdog
 from tests.support.redis_server import RedisServer
+
+# Property tests judge answers, not speed: no per-example deadline and no "too slow" health
+# check, which a loaded 2-core machine would trip.
+settings.register_profile("carryover", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("carryover")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,78 @@
+"""A test run that is killed takes every process it started with it (tests/support/reaper.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.waiting import eventually_sync
+
+ROOT = Path(__file__).parents[2]
+
+# A test that starts a server-like child in a session of its own (as the router and vLLM
+# fixtures do, so that a signal to the run's process group misses it), then hangs.
+HANGING_TEST = """
+import os, subprocess, time
+from pathlib import Path
+
+def test_hangs_with_a_child():
+    child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    Path(os.environ["CHILD_PID_FILE"]).write_text(str(child.pid))
+    time.sleep(1000)  # stands for a hung test; the outer test kills this run
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, only not reaped
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_children_of_a_killed_run_die(tmp_path: Path, signum: signal.Signals) -> None:
+    (tmp_path / "test_hang.py").write_text(HANGING_TEST)
+    pid_file = tmp_path / "child.pid"
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.support.reaper",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_hang.py"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "CHILD_PID_FILE": str(pid_file)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    child = 0
+    try:
+        child = int(
+            eventually_sync(
+                lambda: pid_file.read_text() if pid_file.exists() else "",
+                what="the inner run starts its child",
+            )
+        )
+        assert alive(child)
+        run.send_signal(signum)
+        run.wait(timeout=60)
+        eventually_sync(lambda: not alive(child), what=f"child {child} dies with the run")
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if child and alive(child):  # the sweep failed: do not leave it behind
+            os.kill(child, signal.SIGKILL)
