@@ -340,7 +340,6 @@ async def test_release_and_delete_free_decode_blocks_at_once(
         // BLOCK
     )
     total_blocks = round(blocks1 / (u1 - u0))  # D pins exactly the turn's blocks
-    assert total_blocks == 8192  # VLLM_CPU_KVCACHE_SPACE=1 GiB of this model's blocks
     # The same conversation id with an unrelated history: nothing is reusable, so the old
     # handle goes to P with remote_num_tokens 0 and D frees it while this turn runs.
     other = [{"role": "user", "content": "x " + text(nonce + "b", 0, 30)}]
