@@ -115,6 +115,13 @@ class RouterMetrics:
             ["instance"],
             registry=r,
         )
+        self.left_to_expire = Counter(
+            "carryover_handles_left_to_expire",
+            "Handles neither surely stored nor released (a store call whose outcome is "
+            "unknown): D frees their blocks at its TTL.",
+            ["cause"],
+            registry=r,
+        )
         self.restarts = Counter(
             "carryover_instance_restarts",
             "Restarts of an instance this replica noticed (a new process start time, or refused "

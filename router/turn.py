@@ -27,6 +27,7 @@ from router.errors import (
     is_client_fault,
 )
 from router.metrics import RouterMetrics, turn_bucket
+from router.outcomes import LeftToExpire, ReleaseCause
 from router.policy import pick_decode, pick_prefill
 from router.pool import Instance, InstancePool, streams_handles
 from router.relay import DecodeOutput
@@ -195,6 +196,8 @@ class TurnRunner:
             except StoreUnavailable as exc:
                 store_failed = True
                 self._metrics.store_errors.labels("claim").inc()
+                # The claim may still have taken the record: its handle is lost to everyone.
+                self._metrics.left_to_expire.labels(LeftToExpire.CLAIM_OUTCOME_UNKNOWN).inc()
                 log.warning("store unavailable, turn served cold: %s", exc)
         hashed = None
         if ids is not None and use_state:
@@ -342,9 +345,13 @@ class TurnRunner:
             if unsent and prepared.record is not None and req.key is not None:
                 # Never sent: put it back, so the client's retry still reuses D's blocks.
                 try:
-                    await self._store.commit(req.key, prepared.record, now=time.time())
+                    put_back = await self._store.commit(req.key, prepared.record, now=time.time())
+                    if not put_back.written:  # a later turn is stored: this one is dead
+                        self._release(req, prepared.record.handle, ReleaseCause.SUPERSEDED)
+                    self._release_replaced(req, put_back.replaced)
                 except StoreUnavailable:
                     self._metrics.store_errors.labels("commit").inc()
+                    self._metrics.left_to_expire.labels(LeftToExpire.COMMIT_OUTCOME_UNKNOWN).inc()
             raise EngineUnavailable(f"no healthy prefill instance for {req.model_name}")
         if unsent:
             self._metrics.releases.labels("no_prefill").inc()
@@ -515,21 +522,26 @@ class TurnRunner:
             self._metrics.no_handle.labels(cause).inc()
             return
         if req.key is None or not req.model.reuse:
-            self._release(req, handle, "no_conversation")
+            self._release(req, handle, ReleaseCause.NO_CONVERSATION)
+            return
+        if prepared.ids is not None and output.prompt_ids != prepared.ids:
+            # The record would describe the checked ids, the blocks hold what D ran.
+            log.warning("decode instance %s ran other prompt ids than were checked", decode.name)
+            self._release(req, handle, ReleaseCause.DECODE_PROMPT_MISMATCH)
             return
         ids = prepared.ids if prepared.ids is not None else output.prompt_ids
         if ids is None:
-            self._release(req, handle, "no_prompt_ids")
+            self._release(req, handle, ReleaseCause.NO_PROMPT_IDS)
             return
         sequence_end = len(ids) + len(output.output_ids)
         try:
             tokens = int(handle.get("remote_num_tokens") or 0)
             block_size = block_size_of(handle, decode.block_size)
         except (ValueError, TypeError):
-            self._release(req, handle, "bad_handle")
+            self._release(req, handle, ReleaseCause.BAD_HANDLE)
             return
         if not 0 < tokens <= sequence_end:
-            self._release(req, handle, "bad_handle")
+            self._release(req, handle, ReleaseCause.BAD_HANDLE)
             return
         chunk = chunk_size_for(block_size)
         hashed = prepared.hashed
@@ -551,14 +563,23 @@ class TurnRunner:
         )
         try:
             with self._leg(req, "commit"):
-                written = await self._store.commit(req.key, record, now=now)
+                committed = await self._store.commit(req.key, record, now=now)
         except StoreUnavailable as exc:
+            # The write may still land when the store answers again: releasing now would
+            # leave a stored handle to freed blocks, which the next turn would send to P.
             self._metrics.store_errors.labels("commit").inc()
-            log.warning("store unavailable, record not kept: %s", exc)
-            self._release(req, handle, "store_unavailable")
+            self._metrics.left_to_expire.labels(LeftToExpire.COMMIT_OUTCOME_UNKNOWN).inc()
+            log.warning("store unavailable, record may not be kept; D frees it at its TTL: %s", exc)
             return
-        if not written:
-            self._release(req, handle, "superseded")
+        if not committed.written:
+            self._release(req, handle, ReleaseCause.SUPERSEDED)
+        self._release_replaced(req, committed.replaced)
+
+    def _release_replaced(self, req: TurnRequest, replaced: Record | None) -> None:
+        """A record overwritten before anyone claimed it: its handle was never sent, and
+        nobody else will send it now."""
+        if replaced is not None:
+            self._release(req, replaced.handle, ReleaseCause.REPLACED)
 
     def _release(self, req: TurnRequest, handle: dict[str, Any], cause: str) -> None:
         """Free D's pinned blocks now: a one-token P request carrying the handle with

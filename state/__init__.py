@@ -17,10 +17,11 @@ from state.prefix import (
 )
 from state.records import Record
 from state.redis_store import RedisStore
-from state.store import Held, Store, StoreUnavailable
+from state.store import Committed, Held, Store, StoreUnavailable
 
 __all__ = [
     "MAX_ID_LENGTH",
+    "Committed",
     "ConversationKey",
     "HashedTokens",
     "Held",

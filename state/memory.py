@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from state.keys import ConversationKey
 from state.records import Record
-from state.store import Held
+from state.store import Committed, Held
 
 __all__ = ["MemoryStore"]
 
@@ -44,17 +44,17 @@ class MemoryStore:
             del self._records[key]
         return record
 
-    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> bool:
+    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> Committed:
         if record.expired(now):
-            return False
+            return Committed(written=False)
         current = self._live(key)
         if current is not None and current.turn > record.turn:
-            return False
+            return Committed(written=False)
         self._records[key] = record
         self._commits += 1
         if self._commits % _SWEEP_EVERY == 0:
             self._sweep()
-        return True
+        return Committed(written=True, replaced=current)
 
     def _sweep(self) -> None:
         now = self._clock()

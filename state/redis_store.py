@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from state.keys import ConversationKey
 from state.records import Record, RecordDecodeError
-from state.store import Held, StoreUnavailable
+from state.store import Committed, Held, StoreUnavailable
 
 __all__ = ["RedisStore"]
 
@@ -59,7 +59,7 @@ _COMMIT = (
 local current = redis.call('GET', KEYS[1])
 if current then
   if string.sub(current, 1, 8) > string.sub(ARGV[2], 1, 8) then
-    return 0
+    return {0, false}
   end
   unhold(current, KEYS[1])
 end
@@ -84,7 +84,8 @@ for _, set in ipairs({by_expiry, by_creation, expired_count}) do
     redis.call('PEXPIRE', set, lifetime)
   end
 end
-return 1
+-- What it replaced: never claimed, so its handle is the caller's to release.
+return {1, current}
 """
 )
 
@@ -222,11 +223,11 @@ class RedisStore:
         )
         return _decode(value)
 
-    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> bool:
+    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> Committed:
         ttl_ms = int((record.expires_at - now) * 1000)
         if ttl_ms <= 0:
-            return False
-        written = await self._call(
+            return Committed(written=False)
+        written, replaced = await self._call(
             lambda: self._commit(
                 keys=[self._key(key)],
                 args=[
@@ -239,7 +240,7 @@ class RedisStore:
                 ],
             )
         )
-        return bool(written)
+        return Committed(written=bool(written), replaced=_decode(replaced))
 
     async def get(self, key: ConversationKey) -> Record | None:
         return _decode(await self._call(lambda: self._client.get(self._key(key))))

@@ -9,7 +9,7 @@ import msgspec
 from state.keys import ConversationKey
 from state.records import Record
 
-__all__ = ["Held", "Store", "StoreUnavailable"]
+__all__ = ["Committed", "Held", "Store", "StoreUnavailable"]
 
 
 class StoreUnavailable(Exception):
@@ -32,6 +32,19 @@ class Held(msgspec.Struct, frozen=True):
     expired: int = 0
 
 
+class Committed(msgspec.Struct, frozen=True):
+    """What a commit did.
+
+    Attributes:
+        written: the record is stored (no record of a later turn was).
+        replaced: the live record it overwrote, if any. Nobody claimed it, so its handle was
+            never sent: the caller releases it, or D keeps those blocks for its whole TTL.
+    """
+
+    written: bool
+    replaced: Record | None = None
+
+
 @runtime_checkable
 class Store(Protocol):
     """Conversation records and decode-instance epochs.
@@ -43,9 +56,9 @@ class Store(Protocol):
         """Take the record out of the store (get-and-delete in one step): a handle is used once."""
         ...
 
-    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> bool:
+    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> Committed:
         """Store ``record`` unless a record of a later turn is stored; expire it at
-        ``record.expires_at``. Returns whether it was written."""
+        ``record.expires_at``. Says whether it was written and what live record it replaced."""
         ...
 
     async def get(self, key: ConversationKey) -> Record | None:

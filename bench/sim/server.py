@@ -40,6 +40,9 @@ class _Faults(msgspec.Struct):
     slow_probes: float = 0.0  # seconds added to /health
     fail_next: int = 0  # the next N generation requests answer 500
     drop_stream_after: int | None = None  # chunks, then the connection is cut
+    # Run the prompt without its last id, whatever was sent: an engine that runs other ids
+    # than the router checked (a field that truncates or re-renders, say).
+    alter_prompt: bool = False
 
 
 class SimServer:
@@ -50,6 +53,9 @@ class SimServer:
         self.template = template or ChatTemplate.qwen3()
         self.engine = SimEngine(config, self.template)
         self.faults = _Faults(error_rate=config.error_rate, hang=config.hang, slow=config.slow)
+        self._hang_cleared = asyncio.Event()
+        if not self.faults.hang:
+            self._hang_cleared.set()
         self._rng = random.Random(config.seed)
         self._runner: web.AppRunner | None = None
         self.last_traceparent: str | None = None  # W3C trace context of the last generation
@@ -167,7 +173,7 @@ class SimServer:
         if self.faults.slow:
             await asyncio.sleep(self.faults.slow)
         if self.faults.hang:
-            await asyncio.Event().wait()
+            await self._hang_cleared.wait()  # until the fault is cleared, as a stall that ends
         if self.faults.fail_next > 0:
             self.faults.fail_next -= 1
             return _error(500, "Internal server error (injected)", "InternalServerError")
@@ -203,6 +209,8 @@ class SimServer:
                     prompt = await asyncio.to_thread(self._render_chat, body)
             elif prompt is None:
                 prompt = self._completion_prompt(body.get("prompt"))
+            if self.faults.alter_prompt and len(prompt) > 1:
+                prompt = prompt[:-1]
             sampling = self._sampling(body, len(prompt), chat=chat)
         except EngineError as exc:
             return _error(exc.status, str(exc), exc.kind)
@@ -564,5 +572,9 @@ class SimServer:
             self.faults = msgspec.convert(current, _Faults)
         except msgspec.ValidationError as exc:
             return _error(400, str(exc))
+        if not self.faults.hang:
+            self._hang_cleared.set()  # requests held by the hang go on
+        elif self._hang_cleared.is_set():
+            self._hang_cleared = asyncio.Event()
         result["faults"] = msgspec.structs.asdict(self.faults)
         return _ok(result)

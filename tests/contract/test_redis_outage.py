@@ -39,7 +39,7 @@ async def test_killed_then_restarted(own_redis: RedisServer) -> None:
         await _all_calls_fail(store, bound=2.0)
         own_redis.start()  # same port, empty (no persistence)
         assert await store.claim(KEY) is None
-        assert await store.commit(KEY, make_record(2), now=time.time())
+        assert (await store.commit(KEY, make_record(2), now=time.time())).written
         got = await store.claim(KEY)
         assert got is not None and got.turn == 2
     finally:
@@ -54,7 +54,7 @@ async def test_frozen_server_times_out(own_redis: RedisServer) -> None:
         await _all_calls_fail(store, bound=2.0)
         own_redis.resume()
         await store.ping()
-        assert await store.commit(KEY, make_record(3), now=time.time())
+        assert (await store.commit(KEY, make_record(3), now=time.time())).written
     finally:
         own_redis.resume()
         await store.close()

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from state import ConversationKey, Held, MemoryStore, RedisStore, Store
+from state import Committed, ConversationKey, Held, MemoryStore, RedisStore, Store
 from tests.support.records import make_record
 from tests.support.redis_server import RedisServer
 
@@ -36,29 +36,40 @@ def key(name: str = "c1", tenant: str = "acme") -> ConversationKey:
 async def test_claim_is_single_use(store: Store) -> None:
     assert await store.claim(key()) is None
     record = make_record(1)
-    assert await store.commit(key(), record, now=time.time())
+    assert (await store.commit(key(), record, now=time.time())).written
     assert await store.get(key()) == record  # inspection does not take it
     assert await store.claim(key()) == record
     assert await store.claim(key()) is None
 
 
+async def test_a_commit_says_what_it_replaced(store: Store) -> None:
+    first, second, third = make_record(4), make_record(4), make_record(5)
+    assert await store.commit(key(), first, now=time.time()) == Committed(True, None)
+    # Same turn (a client retry, two requests in flight): the unclaimed one comes back.
+    assert await store.commit(key(), second, now=time.time()) == Committed(True, first)
+    assert await store.commit(key(), third, now=time.time()) == Committed(True, second)
+    assert await store.commit(key(), make_record(3), now=time.time()) == Committed(False, None)
+    assert await store.claim(key()) == third
+    assert await store.commit(key(), make_record(6), now=time.time()) == Committed(True, None)
+
+
 async def test_later_turn_wins_and_earlier_is_refused(store: Store) -> None:
-    assert await store.commit(key(), make_record(4), now=time.time())
-    assert not await store.commit(key(), make_record(3), now=time.time())
+    assert (await store.commit(key(), make_record(4), now=time.time())).written
+    assert not (await store.commit(key(), make_record(3), now=time.time())).written
     got = await store.get(key())
     assert got is not None and got.turn == 4
-    assert await store.commit(key(), make_record(5), now=time.time())
+    assert (await store.commit(key(), make_record(5), now=time.time())).written
     got = await store.get(key())
     assert got is not None and got.turn == 5
 
 
 async def test_expiry_is_honoured(store: Store) -> None:
-    assert await store.commit(key(), make_record(1, ttl=0.3), now=time.time())
+    assert (await store.commit(key(), make_record(1, ttl=0.3), now=time.time())).written
     assert await store.get(key()) is not None
     await asyncio.sleep(0.45)
     assert await store.claim(key()) is None
     # An already expired record is not written at all.
-    assert not await store.commit(key(), make_record(2, ttl=-1), now=time.time())
+    assert not (await store.commit(key(), make_record(2, ttl=-1), now=time.time())).written
 
 
 async def test_fifty_claimers_get_the_record_exactly_once(store: Store) -> None:

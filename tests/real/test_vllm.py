@@ -462,7 +462,7 @@ async def test_expired_handles_are_served_cold(
         handle = dict(record.handle)
         handle["remote_blocks_expiry_time"] -= D_TTL
         expired = msgspec.structs.replace(record, handle=handle)
-        assert await store.commit(key, expired, now=time.time())
+        assert (await store.commit(key, expired, now=time.time())).written
     finally:
         await store.close()
     r = await completion(client, real_router.url, prompt2, conversation=nonce)

@@ -1,0 +1,34 @@
+"""Closed vocabularies of a turn's outcomes, shared by metrics, logs and tests."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["LeftToExpire", "ReleaseCause"]
+
+
+class ReleaseCause(StrEnum):
+    """Why a handle D returned at the end of a turn was released instead of stored."""
+
+    NO_CONVERSATION = "no_conversation"
+    NO_PROMPT_IDS = "no_prompt_ids"
+    BAD_HANDLE = "bad_handle"
+    SUPERSEDED = "superseded"
+    # D ran other prompt ids than the ones checked: its blocks do not hold what we would say.
+    DECODE_PROMPT_MISMATCH = "decode_prompt_mismatch"
+    # A commit replaced an older record of the conversation whose handle was never sent.
+    REPLACED = "replaced"
+
+
+class LeftToExpire(StrEnum):
+    """Why a handle was neither surely stored nor released, and so is left for D to free at
+    its ``decoder_kv_blocks_ttl``.
+
+    A store call that times out may still run when the store answers again: a commit may land
+    (its handle is then stored, and releasing it would let the next turn send a freed handle
+    to P: wrong KV), a claim may have taken the record (its handle is then in nobody's hands).
+    Only a handle that is provably not stored, and never will be, is released.
+    """
+
+    COMMIT_OUTCOME_UNKNOWN = "commit_outcome_unknown"
+    CLAIM_OUTCOME_UNKNOWN = "claim_outcome_unknown"

@@ -1,0 +1,75 @@
+"""Every handle D returns ends stored, sent once, or released: none is kept that describes
+other tokens than D holds, and none is dropped while D keeps its blocks pinned."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.metrics import ascrape
+from tests.support.redis_server import RedisServer
+from tests.support.stack import Stack, chat_turn, reference_chat, stack
+from tests.support.waiting import eventually
+
+TEXT = "Turn {i}: a walk along the old canal, the locks, the barges and the lock keepers. "
+
+
+async def held_by(s: Stack, index: int = 0) -> list[str]:
+    state = (await s.client.get(s.decode[index].url + "/sim/state")).json()
+    return list(state["held_requests"])
+
+
+async def test_decode_that_ran_other_ids_leaves_no_record(tmp_path: Path) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"alter_prompt": True})
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
+        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert first.status == 200, first.raw
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"alter_prompt": False})
+        # D's blocks hold other tokens than the router checked: released, not stored.
+        await eventually(lambda: held_by(s), lambda h: h == [], what="D's pin is released")
+        router = await ascrape(s.client, s.router.url)
+        assert router["carryover_handles_released_total{cause=decode_prompt_mismatch}"] == 1
+        messages += [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": TEXT.format(i=2)},
+        ]
+        second = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert second.path == "cold-miss"
+        assert second.content == (await reference_chat(s, messages)).content
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_overlapping_turns_leave_one_pinned_handle(
+    tmp_path: Path, redis_server: RedisServer, backend: str
+) -> None:
+    # Four requests of one conversation at once (a client retrying, an agent loop): each
+    # commits a record of the same turn over the last. Every overwritten handle was never
+    # sent, so the router releases it; D keeps the blocks of the one stored record only.
+    flags = ("--redis", redis_server.url) if backend == "redis" else ()
+    async with stack(tmp_path, router_flags=flags, sim={"threshold": 16}) as s:
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
+        answers = await asyncio.gather(
+            *(
+                chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+                for _ in range(4)
+            )
+        )
+        assert all(a.status == 200 for a in answers), [a.raw for a in answers]
+        await eventually(lambda: held_by(s), lambda h: len(h) == 1, what="one pinned handle")
+        router = await ascrape(s.client, s.router.url)
+        assert router["carryover_handles_released_total{cause=replaced}"] == 3
+        # The stored one is still good.
+        messages += [
+            {"role": "assistant", "content": answers[0].content},
+            {"role": "user", "content": TEXT.format(i=2)},
+        ]
+        nxt = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert nxt.path == "reuse"
+        assert nxt.content == (await reference_chat(s, messages)).content
