@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -89,6 +90,7 @@ class Instance:
     start_time: float | None = None
     version: str | None = None
     epoch: int = 0
+    observed_identity: str | None = None  # the process identity the store has from us
     down_since: float | None = field(default=None)
     probe_failures: int = 0
     refused: bool = False  # connections were refused since the last good probe
@@ -281,8 +283,8 @@ class InstancePool:
             await self._read_version(instance)
         if restarted:
             self._metrics.restarts.labels(instance.name, instance.role).inc()
-        if restarted and instance.role == "decode":
-            await self._bump_epoch(instance)
+        if instance.role == "decode":
+            await self._observe_identity(instance, start, restarted=restarted)
         if not instance.healthy:
             log.info("instance %s is up", instance.name)
         instance.healthy = True
@@ -310,13 +312,32 @@ class InstancePool:
                     version,
                 )
 
-    async def _bump_epoch(self, instance: Instance) -> None:
-        """Records made before this restart name blocks that are gone."""
-        log.warning("decode instance %s restarted: its stored handles are stale", instance.name)
+    async def _observe_identity(
+        self, instance: Instance, start: float | None, *, restarted: bool
+    ) -> None:
+        """The process a decode instance runs as, shared with every replica through the
+        store: a new one (a restart, seen by this replica or by another one first) makes the
+        records of the old one stale, once. Without a start time to tell processes apart, a
+        restart this replica inferred from refused connections counts as a new process."""
+        if restarted:
+            log.warning("decode instance %s restarted: its stored handles are stale", instance.name)
+        if start is not None:
+            identity = repr(start)
+        elif restarted:
+            identity = f"unknown-{uuid.uuid4().hex}"
+        else:
+            return
+        if identity == instance.observed_identity:
+            return
         try:
-            instance.epoch = await self._store.bump_epoch(instance.name)
+            epoch = await self._store.observe_identity(instance.name, identity)
         except StoreUnavailable:
-            instance.epoch += 1  # local view at least; other replicas detect it themselves
+            # Tried again at the next probe; meanwhile no handle of the old process is sent.
+            if restarted:
+                instance.epoch += 1
+            return
+        instance.observed_identity = identity
+        instance.epoch = max(instance.epoch, epoch)
 
 
 def streams_handles(version: str) -> bool:

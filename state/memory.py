@@ -24,6 +24,7 @@ class MemoryStore:
         self._clock = clock
         self._records: dict[ConversationKey, Record] = {}
         self._epochs: dict[str, int] = {}
+        self._identities: dict[str, str] = {}
         self._commits = 0
         self._expired: dict[str, int] = {}  # by decode instance, since the last held()
 
@@ -69,9 +70,12 @@ class MemoryStore:
         self._records.pop(key, None)
         return record
 
-    async def bump_epoch(self, instance: str) -> int:
-        self._epochs[instance] = self._epochs.get(instance, 0) + 1
-        return self._epochs[instance]
+    async def observe_identity(self, instance: str, identity: str) -> int:
+        seen = self._identities.get(instance)
+        self._identities[instance] = identity
+        if seen is not None and seen != identity:
+            self._epochs[instance] = self._epochs.get(instance, 0) + 1
+        return self._epochs.get(instance, 0)
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:
         return {name: self._epochs.get(name, 0) for name in instances}

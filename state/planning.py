@@ -33,8 +33,10 @@ def plan(
         prompt: the exact token ids P and D will run (or them already hashed with the record's
             chunk size).
         now: wall-clock seconds (the clock the record's ``expires_at`` was written with).
-        decode_epoch: the current epoch of the record's decode instance; ``None`` when that
-            instance is no longer known to the router (also stale).
+        decode_epoch: the current epoch of the record's decode instance as this router knows
+            it; ``None`` when that instance is no longer known to the router (also stale). A
+            record of a later epoch is not stale: another replica saw the restart first and
+            wrote it since.
         settings: partial reuse on/off and the recompute threshold.
 
     Returns:
@@ -45,7 +47,7 @@ def plan(
         return Plan(Path.COLD, Reason.NO_RECORD)
     if record.expired(now):
         return Plan(Path.COLD, Reason.EXPIRED)
-    if decode_epoch is None or decode_epoch != record.decode_epoch:
+    if decode_epoch is None or record.decode_epoch < decode_epoch:
         return Plan(Path.COLD, Reason.STALE_ENGINE)
     hashed = (
         prompt

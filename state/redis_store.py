@@ -124,6 +124,21 @@ return out
 """
 
 
+# KEYS[1] epoch counter, KEYS[2] the identity it counts; ARGV[1] the identity observed. One
+# bump per new identity, whichever replica reports it first.
+_OBSERVE = """
+local seen = redis.call('GET', KEYS[2])
+if seen == ARGV[1] then
+  return tonumber(redis.call('GET', KEYS[1]) or '0')
+end
+redis.call('SET', KEYS[2], ARGV[1])
+if not seen then
+  return tonumber(redis.call('GET', KEYS[1]) or '0')
+end
+return redis.call('INCR', KEYS[1])
+"""
+
+
 def _encode(record: Record) -> bytes:
     name = record.decode.encode()
     return (
@@ -171,6 +186,7 @@ class RedisStore:
         self._commit = client.register_script(_COMMIT)
         self._claim = client.register_script(_CLAIM)
         self._held = client.register_script(_HELD)
+        self._observe = client.register_script(_OBSERVE)
 
     @classmethod
     def from_url(
@@ -248,8 +264,9 @@ class RedisStore:
     async def delete(self, key: ConversationKey) -> Record | None:
         return await self.claim(key)
 
-    async def bump_epoch(self, instance: str) -> int:
-        return int(await self._call(lambda: self._client.incr(self._epoch_key(instance))))
+    async def observe_identity(self, instance: str, identity: str) -> int:
+        keys = [self._epoch_key(instance), f"{self._namespace}-identity:{instance}"]
+        return int(await self._call(lambda: self._observe(keys=keys, args=[identity])))
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:
         if not instances:

@@ -69,8 +69,11 @@ class Store(Protocol):
         """Drop the record; returns what was dropped."""
         ...
 
-    async def bump_epoch(self, instance: str) -> int:
-        """Mark a decode instance as restarted: records written before are stale."""
+    async def observe_identity(self, instance: str, identity: str) -> int:
+        """Record which process a decode instance runs as (its process start time, as every
+        replica scrapes it) and return its epoch. The epoch goes up once per new identity,
+        however many replicas report it, so records of the old process are stale and records
+        any replica wrote since are not. The first identity ever seen keeps the epoch."""
         ...
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:

@@ -19,7 +19,7 @@ async def _all_calls_fail(store: RedisStore, bound: float) -> None:
         lambda: store.commit(KEY, make_record(1), now=time.time()),
         lambda: store.get(KEY),
         lambda: store.epochs(["d0"]),
-        lambda: store.bump_epoch("d0"),
+        lambda: store.observe_identity("d0", "started-1"),
         lambda: store.ping(),
     ]
     for call in calls:

@@ -100,8 +100,12 @@ async def test_delete_and_count(store: Store) -> None:
 async def test_epochs(store: Store) -> None:
     name = f"d-{uuid.uuid4().hex}"
     assert await store.epochs([name]) == {name: 0}
-    assert await store.bump_epoch(name) == 1
-    assert await store.bump_epoch(name) == 2
+    assert await store.observe_identity(name, "started-1") == 0  # first seen: no restart
+    assert await store.observe_identity(name, "started-1") == 0
+    assert await store.observe_identity(name, "started-2") == 1
+    # Every replica reports the same restart: one bump, not one per replica.
+    assert await store.observe_identity(name, "started-2") == 1
+    assert await store.observe_identity(name, "started-3") == 2
     assert await store.epochs([name, "other-" + name]) == {name: 2, "other-" + name: 0}
     assert await store.epochs([]) == {}
 

@@ -73,3 +73,41 @@ async def test_overlapping_turns_leave_one_pinned_handle(
         nxt = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
         assert nxt.path == "reuse"
         assert nxt.content == (await reference_chat(s, messages)).content
+
+
+async def test_a_decode_restart_is_one_epoch_for_every_router(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    flags = ("--redis", redis_server.url)
+    async with stack(tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}) as s:
+        decode = s.decode[0].url.removeprefix("http://")
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
+        first = await chat_turn(s.client, s.routers[0].url, messages, conversation_id=conversation)
+        assert first.path == "cold-miss", first.raw
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"restart": True})
+        restarts = f"carryover_instance_restarts_total{{instance={decode},role=decode}}"
+        for router in s.routers:
+            await eventually(
+                lambda r=router: ascrape(s.client, r.url),
+                lambda m: m.get(restarts, 0) >= 1,
+                what=f"{router.url} notices D's restart",
+            )
+        answer = first.content
+        paths = []
+        for turn in range(2, 6):  # alternating routers
+            messages += [
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": TEXT.format(i=turn)},
+            ]
+            got = await chat_turn(
+                s.client, s.routers[turn % 2].url, messages, conversation_id=conversation
+            )
+            assert got.content == (await reference_chat(s, messages)).content
+            paths.append(got.path)
+            answer = got.content
+        # The stale handle is never sent (no P 500); every record written since is good on
+        # both routers.
+        assert paths == ["cold-expired", "reuse", "reuse", "reuse"]
+        p_metrics = await ascrape(s.client, s.prefill[0].url)
+        assert p_metrics["vllm:nixl_num_failed_transfers_total"] == 0

@@ -25,6 +25,8 @@ def test_record_from_before_a_decode_restart_is_stale() -> None:
     assert plan(record, ids, now=time.time(), decode_epoch=4).reason is Reason.STALE_ENGINE
     assert plan(record, ids, now=time.time(), decode_epoch=None).reason is Reason.STALE_ENGINE
     assert plan(record, ids, now=time.time(), decode_epoch=3).path is Path.REUSE
+    # Written by a replica that saw the restart before this one did: not stale.
+    assert plan(record, ids, now=time.time(), decode_epoch=2).path is Path.REUSE
 
 
 def test_prompt_hashed_with_another_chunk_size_is_rehashed() -> None:
