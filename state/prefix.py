@@ -239,6 +239,10 @@ class Reason(StrEnum):
     PROMPT_SHORTER = "prompt_shorter"
     BELOW_THRESHOLD = "below_threshold"
     BAD_HANDLE = "bad_handle"
+    #: several KV cache groups of different lengths (hybrid or sliding-window models): a
+    #: sliding-window group keeps only its window, so cutting every group to the same number
+    #: of blocks would hand P the wrong blocks. Such a handle is used whole or released.
+    UNCUTTABLE_HANDLE = "uncuttable_handle"
 
 
 class PlanSettings(msgspec.Struct, frozen=True):
@@ -366,6 +370,8 @@ def plan_reuse(
     usable -= usable % block_size
     if not settings.partial_reuse:
         return Plan(Path.RELEASE, reason, release_handle(handle), 0, common)
+    if len({len(group) for group in _block_groups(handle)}) > 1:
+        return Plan(Path.RELEASE, Reason.UNCUTTABLE_HANDLE, release_handle(handle), 0, common)
     if usable <= 0 or usable < settings.recompute_threshold:
         return Plan(Path.RELEASE, reason, release_handle(handle), 0, common)
     return Plan(Path.PARTIAL, reason, truncate_handle(handle, usable, block_size), usable, common)

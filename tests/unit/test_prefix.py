@@ -247,3 +247,23 @@ def test_prefix_roundtrips_through_msgpack() -> None:
     again = msgspec.msgpack.decode(msgspec.msgpack.encode(prefix), type=TokenPrefix)
     assert again == prefix
     assert again.tail_tokens() == list(range(512, 650))
+
+
+def test_handle_with_kv_groups_of_different_lengths_is_used_whole_or_released() -> None:
+    # A hybrid model: a full-attention group of 38 blocks and a sliding-window group that
+    # kept only its last 4. Cutting both to the same count would send the wrong window.
+    stored = list(range(600))
+    prefix = HashedTokens(stored, 256).prefix(600, output_start=500)
+    handle = make_handle(600, 16)
+    handle["remote_block_ids"] = [handle["remote_block_ids"][0], [900, 901, 902, 903]]
+    edited = [*stored[:300], 99999, *stored[301:], 1, 2, 3]
+    result = plan_reuse(prefix, handle, 16, HashedTokens(edited, 256))
+    assert (result.path, result.reason) == (Path.RELEASE, Reason.UNCUTTABLE_HANDLE)
+    assert result.handle is not None and result.handle["remote_num_tokens"] == 0
+    whole = plan_reuse(prefix, handle, 16, HashedTokens([*stored, 1, 2], 256))
+    assert whole.path is Path.REUSE and whole.handle == handle
+    # Groups of equal length (two full-attention groups) are cut as before.
+    same = make_handle(600, 16, groups=2)
+    cut = plan_reuse(prefix, same, 16, HashedTokens(edited, 256))
+    assert cut.path is Path.PARTIAL and cut.handle is not None
+    assert [len(g) for g in cut.handle["remote_block_ids"]] == [16, 16]
