@@ -115,6 +115,13 @@ class RouterMetrics:
             ["instance"],
             registry=r,
         )
+        self.unchecked = Counter(
+            "carryover_turns_unchecked",
+            "Turns whose prompt ids the router could not check, by the field (or condition) "
+            "that kept it from rendering them: no handle attached, the engine renders.",
+            ["field"],
+            registry=r,
+        )
         self.left_to_expire = Counter(
             "carryover_handles_left_to_expire",
             "Handles neither surely stored nor released (a store call whose outcome is "

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from router.errors import BadRequest, KvParamsRefused
+from router.fields import refused_field
 
 __all__ = ["ChatView", "CompletionView", "parse_body"]
 
@@ -59,6 +60,9 @@ def parse_body(
         raise KvParamsRefused(
             "kv_transfer_params are set by the router; a client may not send them"
         )
+    refused = refused_field(body, chat=chat)
+    if refused is not None:
+        raise BadRequest(f"{refused} is not supported behind a P/D router", param=refused)
     view_type: type[ChatView] | type[CompletionView] = ChatView if chat else CompletionView
     try:
         view = msgspec.convert(body, view_type)

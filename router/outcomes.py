@@ -18,6 +18,12 @@ class ReleaseCause(StrEnum):
     DECODE_PROMPT_MISMATCH = "decode_prompt_mismatch"
     # A commit replaced an older record of the conversation whose handle was never sent.
     REPLACED = "replaced"
+    # The turn carried fields the router cannot check (router/fields.py): the stored handle
+    # is not attached, and it is released.
+    REUSE_DISABLED = "reuse_disabled"
+    # The prompt had images, audio or embeddings: its ids do not determine its KV, so what D
+    # holds is never stored for a later turn.
+    IDS_DO_NOT_DETERMINE_KV = "ids_do_not_determine_kv"
 
 
 class LeftToExpire(StrEnum):

@@ -26,6 +26,7 @@ from router.errors import (
     UpstreamError,
     is_client_fault,
 )
+from router.fields import NON_TEXT_CONTENT, reuse_blockers
 from router.metrics import RouterMetrics, turn_bucket
 from router.outcomes import LeftToExpire, ReleaseCause
 from router.policy import pick_decode, pick_prefill
@@ -53,6 +54,10 @@ from state import (
 __all__ = ["TurnOutcome", "TurnRequest", "TurnRunner"]
 
 log = logging.getLogger("carryover.turn")
+
+_PROMPT_FIELD = frozenset({"prompt"})
+# Prompts whose ids do not determine their KV.
+_IDS_DO_NOT_DETERMINE_KV = frozenset({NON_TEXT_CONTENT, "mm_payload", "prompt_embeds"})
 
 # Fields the P leg must not carry: it generates exactly one token and never streams (§1.3).
 _PREFILL_DROP = (
@@ -97,6 +102,9 @@ class _Prepared:
     record: Record | None
     plan: Plan
     path: str  # the X-Carryover-Path vocabulary
+    # False when the prompt's ids do not determine its KV (images, audio, embeddings): what D
+    # holds at the end is then never stored for a later turn.
+    storable: bool = True
 
     def spend_handle(self, path: str = "cold-error") -> None:
         """The claimed handle was used or lost: later attempts run cold."""
@@ -182,6 +190,10 @@ class TurnRunner:
     # -- render, claim, plan -----------------------------------------------------------------
 
     async def _prepare(self, req: TurnRequest) -> _Prepared:
+        renders = self._renderers[id(req.model)].renders if req.chat else _PROMPT_FIELD
+        blockers = reuse_blockers(req.body, chat=req.chat, renders=renders)
+        if blockers:
+            return await self._prepare_unchecked(req, blockers)
         ids = await self._render(req)
         record: Record | None = None
         store_failed = False
@@ -216,6 +228,29 @@ class TurnRunner:
                 len(ids) - decided.reused_tokens
             )
         return _Prepared(ids, hashed, record, decided, path)
+
+    async def _prepare_unchecked(self, req: TurnRequest, blockers: list[str]) -> _Prepared:
+        """A turn with fields the engine must apply itself (router/fields.py): nothing is
+        rendered or checked, no handle attached; the stored one is taken and released."""
+        for name in blockers:
+            self._metrics.unchecked.labels(name).inc()
+        record: Record | None = None
+        if req.key is not None and req.model.reuse:
+            try:
+                with self._leg(req, "claim"):
+                    record = await self._store.claim(req.key)
+            except StoreUnavailable as exc:
+                self._metrics.store_errors.labels("claim").inc()
+                self._metrics.left_to_expire.labels(LeftToExpire.CLAIM_OUTCOME_UNKNOWN).inc()
+                log.warning("store unavailable: %s", exc)
+            if record is not None:
+                self._release(req, record.handle, ReleaseCause.REUSE_DISABLED)
+        if req.turn is None:
+            req.turn = record.turn + 1 if record is not None else 1
+        path = "cold-unchecked"
+        self._metrics.turns.labels(req.model_name, path).inc()
+        storable = not set(blockers) & _IDS_DO_NOT_DETERMINE_KV
+        return _Prepared(None, None, None, Plan(Path.COLD, Reason.NO_RECORD), path, storable)
 
     def _plan(self, req: TurnRequest, record: Record | None, hashed: HashedTokens | None) -> Plan:
         if record is None or hashed is None:
@@ -523,6 +558,9 @@ class TurnRunner:
             return
         if req.key is None or not req.model.reuse:
             self._release(req, handle, ReleaseCause.NO_CONVERSATION)
+            return
+        if not prepared.storable:
+            self._release(req, handle, ReleaseCause.IDS_DO_NOT_DETERMINE_KV)
             return
         if prepared.ids is not None and output.prompt_ids != prepared.ids:
             # The record would describe the checked ids, the blocks hold what D ran.

@@ -132,6 +132,20 @@ class SimServer:
             raise EngineError(400, "kv_transfer_params.prompt_token_ids must be valid token ids")
         return ids
 
+    def _truncate(self, prompt: list[int], body: dict[str, Any]) -> list[int]:
+        """``truncate_prompt_tokens`` as vLLM applies it when it tokenizes: keep the last k
+        ids (``truncation_side: right`` keeps the first k); -1 means the model's length."""
+        k = body.get("truncate_prompt_tokens")
+        if k is None:
+            return prompt
+        if not isinstance(k, int) or isinstance(k, bool) or k < -1:
+            raise EngineError(400, "truncate_prompt_tokens must be an integer >= -1")
+        if k == -1:
+            k = self.config.max_model_len
+        if len(prompt) <= k:
+            return prompt
+        return prompt[:k] if body.get("truncation_side") == "right" else prompt[-k:]
+
     def _render_chat(self, body: dict[str, Any]) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -201,6 +215,9 @@ class SimServer:
                 raise EngineError(400, "kv_transfer_params must be an object")
             kv = dict(kv) if kv is not None else None
             prompt = self._prompt_ids_from_params(kv)
+            if chat and body.get("echo"):
+                prompt = None  # vLLM renders the messages under echo, forwarded ids or not
+            forwarded = prompt is not None
             thinking = False
             if chat:
                 kwargs = body.get("chat_template_kwargs") or {}
@@ -209,6 +226,8 @@ class SimServer:
                     prompt = await asyncio.to_thread(self._render_chat, body)
             elif prompt is None:
                 prompt = self._completion_prompt(body.get("prompt"))
+            if not forwarded:  # forwarded ids skip tokenization, and so truncation (vLLM 0.33)
+                prompt = self._truncate(prompt, body)
             if self.faults.alter_prompt and len(prompt) > 1:
                 prompt = prompt[:-1]
             sampling = self._sampling(body, len(prompt), chat=chat)

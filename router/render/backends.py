@@ -14,16 +14,23 @@ from router.upstream import Upstream
 
 __all__ = ["RenderFailed", "Renderer", "make_renderer"]
 
-# Fields of a chat request that change what the template renders.
-_TEMPLATE_FIELDS = (
-    "messages",
-    "tools",
-    "chat_template",
-    "chat_template_kwargs",
-    "add_generation_prompt",
-    "continue_final_message",
-    "documents",
+# Fields of a chat request that change what the template renders, as each backend takes
+# them: P's /tokenize (vLLM's TokenizeChatRequest has no documents or reasoning_effort), the
+# render server (a whole ChatCompletionRequest), this process's template. A field one cannot
+# apply keeps the turn unchecked (router/fields.py).
+_TOKENIZE_FIELDS = frozenset(
+    {
+        "messages",
+        "tools",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+    }
 )
+_RENDER_SERVER_FIELDS = _TOKENIZE_FIELDS | {"documents", "reasoning_effort"}
+_LOCAL_FIELDS = frozenset({"messages", "tools", "chat_template_kwargs", "add_generation_prompt"})
 
 
 class RenderFailed(Exception):
@@ -41,6 +48,9 @@ def _ids(value: Any) -> list[int]:
 
 
 class Renderer(Protocol):
+    #: the chat request fields this backend applies when it renders
+    renders: frozenset[str]
+
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
         """Token ids of a chat request's prompt. ``engine_url``: a P instance to ask, if any."""
         ...
@@ -49,6 +59,8 @@ class Renderer(Protocol):
 
 
 class EngineTokenize:
+    renders = _TOKENIZE_FIELDS
+
     def __init__(self, upstream: Upstream, timeout: float) -> None:
         self._upstream = upstream
         self._timeout = timeout
@@ -71,7 +83,7 @@ class EngineTokenize:
         return await self._call(f"{url}/tokenize", body, "tokens")
 
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
-        request = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
+        request = {k: body[k] for k in self.renders if k in body}
         request.setdefault("add_generation_prompt", True)
         request["model"] = model
         return await self._post(engine_url, request)
@@ -81,14 +93,16 @@ class EngineTokenize:
 
 
 class RenderServer(EngineTokenize):
-    """vLLM's ``/v1/chat/completions/render`` (a ``vllm launch render`` server, §4.2)."""
+    """vLLM's ``/v1/chat/completions/render`` (a ``vllm launch render`` server)."""
+
+    renders = _RENDER_SERVER_FIELDS
 
     def __init__(self, upstream: Upstream, url: str, timeout: float) -> None:
         super().__init__(upstream, timeout)
         self._url = url.rstrip("/")
 
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
-        request = {k: body[k] for k in _TEMPLATE_FIELDS if k in body}
+        request = {k: body[k] for k in self.renders if k in body}
         request["model"] = model
         return await self._call(f"{self._url}/v1/chat/completions/render", request, "token_ids")
 
@@ -97,6 +111,8 @@ class RenderServer(EngineTokenize):
 
 
 class LocalRenderer:
+    renders = _LOCAL_FIELDS
+
     def __init__(self, folder: Path) -> None:
         self._template = ChatTemplate(folder)
 
