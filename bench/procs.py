@@ -131,7 +131,7 @@ class Topology:
             args += ["--decode", d.url]
         return self._spawn(name, [*args, *flags])
 
-    def wait(self, timeout: float = 60.0) -> None:
+    def wait(self, timeout: float = 180.0) -> None:
         for process in self.processes:
             _wait_ready(process, "/health", timeout)
         for process in self.processes:

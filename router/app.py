@@ -9,7 +9,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 from litestar import Litestar, Request, Response, delete, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.exceptions import HTTPException
 from litestar.response import Stream
 
@@ -213,20 +214,37 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
     headers = {_PATH_HEADER: outcome.path} if services.config.expose_path_header else {}
     if outcome.chunks is not None:
         chunks = outcome.chunks
+        done = False
 
-        async def counted() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in chunks:
-                    yield chunk
-            finally:
+        def finish() -> None:
+            nonlocal done
+            if not done:
+                done = True
                 services.in_flight -= 1
                 services.metrics.in_flight.set(services.in_flight)
                 trace.end()
 
+        async def counted() -> AsyncGenerator[bytes, None]:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                finish()
+
+        relay = counted()
+
+        async def close_relay() -> None:
+            # A stream that never started (the client left before its first byte went out)
+            # runs no finally of its own: close it, so the turn's leases and connections go.
+            await relay.aclose()
+            await chunks.aclose()
+            finish()
+
         return Stream(
-            counted(),
+            relay,
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-cache"},
+            background=BackgroundTask(close_relay),
         )
     assert outcome.body is not None
     return _json(200, outcome.body, headers)

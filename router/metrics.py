@@ -137,6 +137,12 @@ class RouterMetrics:
             registry=r,
         )
         self.in_flight = Gauge("carryover_in_flight", "Requests in flight.", registry=r)
+        self.instance_in_flight = Gauge(
+            "carryover_instance_in_flight",
+            "Requests this router has in flight at the instance.",
+            ["instance"],
+            registry=r,
+        )
 
     def instance_up(self, name: str, role: str, up: bool) -> None:
         self.up.labels(name, role).set(1 if up else 0)

@@ -7,10 +7,11 @@ only means P answers a fast 500 and the turn is retried cold).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from router.config import InstanceConfig, ModelConfig, RouterConfig
@@ -19,7 +20,7 @@ from router.metrics import RouterMetrics
 from router.upstream import Upstream
 from state import Store, StoreUnavailable
 
-__all__ = ["Breaker", "Instance", "InstancePool"]
+__all__ = ["Breaker", "Instance", "InstancePool", "Lease"]
 
 log = logging.getLogger("carryover.pool")
 
@@ -57,10 +58,17 @@ class Breaker:
             return "closed"
         return "half_open" if self.trial_in_flight else "open"
 
-    def begin(self) -> None:
-        """A request is going out: if the circuit is open, this is its one trial."""
+    def begin(self) -> bool:
+        """A request is going out: if the circuit is open, this is its one trial (True)."""
         if self.opened_at is not None:
             self.trial_in_flight = True
+            return True
+        return False
+
+    def abandon_trial(self) -> None:
+        """The trial ended without a verdict (cancelled, the client's own error, a refused
+        handle): the next request may be the trial. The circuit stays open until one is."""
+        self.trial_in_flight = False
 
     def success(self) -> None:
         self.failures = 0
@@ -133,6 +141,23 @@ def _parse_gauges(text: str) -> dict[str, float]:
     return values
 
 
+class Lease:
+    """One request's hold on an instance (see :meth:`InstancePool.lease`)."""
+
+    def __init__(self, pool: InstancePool, instance: Instance) -> None:
+        self.instance = instance
+        self.decided = False
+        self._pool = pool
+
+    def succeeded(self) -> None:
+        self.decided = True
+        self._pool.succeeded(self.instance)
+
+    def failed(self, error: UpstreamError) -> None:
+        self.decided = True
+        self._pool.failed(self.instance, error)
+
+
 class InstancePool:
     def __init__(
         self, config: RouterConfig, upstream: Upstream, store: Store, metrics: RouterMetrics
@@ -179,6 +204,27 @@ class InstancePool:
             other.healthy and other is not instance
             for other in self.members(instance.model, instance.role)
         )
+
+    # -- leases: the one way requests touch an instance's counts and breaker -----------------
+
+    @contextlib.contextmanager
+    def lease(self, instance: Instance) -> Iterator[Lease]:
+        """Hold ``instance`` for one request: counted in flight, and the breaker's one trial
+        when its circuit is open. Whatever ends the block (an answer, an error, a client that
+        left, a cancellation), the count comes back down, and a trial that got no verdict
+        (:meth:`Lease.succeeded` / :meth:`Lease.failed`) is given up for the next request."""
+        instance.in_flight += 1
+        self._metrics.instance_in_flight.labels(instance.name).set(instance.in_flight)
+        trial = instance.breaker.begin()
+        lease = Lease(self, instance)
+        try:
+            yield lease
+        finally:
+            instance.in_flight -= 1
+            self._metrics.instance_in_flight.labels(instance.name).set(instance.in_flight)
+            if trial and not lease.decided:
+                instance.breaker.abandon_trial()
+                self._metrics.breaker(instance.name, instance.breaker.state)
 
     # -- outcomes of real requests feed the breaker ------------------------------------------
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,11 +112,34 @@ class _Prepared:
         self.path = path
 
 
+class Relay:
+    """A started stream: its first chunk, then the rest. ``aclose`` ends the turn's stream
+    (its lease, connection and span) even when iteration never began, which a generator
+    that never started cannot do."""
+
+    def __init__(self, first: bytes, rest: AsyncGenerator[bytes, None]) -> None:
+        self._first: bytes | None = first
+        self._rest = rest
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await anext(self._rest)
+
+    async def aclose(self) -> None:
+        self._first = None
+        await self._rest.aclose()
+
+
 @dataclass
 class TurnOutcome:
     path: str
     body: bytes | None = None
-    chunks: AsyncIterator[bytes] | None = None
+    chunks: Relay | None = None
 
 
 def path_of(plan_: Plan) -> str:
@@ -174,16 +197,7 @@ class TurnRunner:
         if req.stream:
             chunks = self._stream(req, prepared)
             first = await anext(chunks)  # P leg + D's first chunk: errors here are HTTP errors
-
-            async def relay() -> AsyncIterator[bytes]:
-                try:
-                    yield first
-                    async for chunk in chunks:
-                        yield chunk
-                finally:
-                    await chunks.aclose()
-
-            return TurnOutcome(prepared.path, chunks=relay())
+            return TurnOutcome(prepared.path, chunks=Relay(first, chunks))
         body = await self._complete(req, prepared)
         return TurnOutcome(prepared.path, body=body)
 
@@ -333,42 +347,45 @@ class TurnRunner:
                 body = self._prefill_body(req, prepared.ids, kv)
                 if with_handle:
                     prepared.spend_handle(prepared.path)  # sent once, whatever happens next
-                instance.in_flight += 1
-                instance.breaker.begin()
-                try:
-                    answer = await self._upstream.post_json(
-                        f"{instance.url}{req.path}",
-                        body,
-                        timeout=self._config.timeouts.prefill,
-                        headers=req.engine_headers,
-                    )
-                except UpstreamError as exc:
-                    if is_client_fault(exc):
-                        raise
-                    if with_handle and isinstance(exc, EngineFailed) and exc.upstream_status == 500:
-                        # A stale or expired handle: vLLM answers a fast 500 (bidir-cpu Q8).
-                        # Not the instance's fault; retry cold, never with the handle again.
-                        self._metrics.retries.labels("prefill_handle_rejected").inc()
-                        prepared.path = "cold-error"
+                with self._pool.lease(instance) as lease:
+                    try:
+                        answer = await self._upstream.post_json(
+                            f"{instance.url}{req.path}",
+                            body,
+                            timeout=self._config.timeouts.prefill,
+                            headers=req.engine_headers,
+                        )
+                    except UpstreamError as exc:
+                        if is_client_fault(exc):
+                            raise
+                        if (
+                            with_handle
+                            and isinstance(exc, EngineFailed)
+                            and exc.upstream_status == 500
+                        ):
+                            # A stale or expired handle: vLLM answers a fast 500. Not the
+                            # instance's fault (no verdict); retry cold, never with the handle.
+                            self._metrics.retries.labels("prefill_handle_rejected").inc()
+                            prepared.path = "cold-error"
+                            continue
+                        lease.failed(exc)
+                        self._metrics.retries.labels("prefill_failed").inc()
+                        if with_handle:
+                            prepared.path = "cold-error"
+                        tried.add(instance)
                         continue
-                    self._pool.failed(instance, exc)
-                    self._metrics.retries.labels("prefill_failed").inc()
-                    if with_handle:
-                        prepared.path = "cold-error"
-                    tried.add(instance)
-                    continue
-                finally:
-                    instance.in_flight -= 1
-                params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-                if not isinstance(params, dict) or not params.get("do_remote_prefill"):
-                    error = EngineFailed(
-                        f"prefill instance {instance.name} returned no P-node params: is it a kv_producer?"
-                    )
-                    self._pool.failed(instance, error)
-                    tried.add(instance)
-                    continue
-                self._pool.succeeded(instance)
-                return instance, params
+                    params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+                    if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+                        lease.failed(
+                            EngineFailed(
+                                f"prefill instance {instance.name} returned no P-node params: "
+                                "is it a kv_producer?"
+                            )
+                        )
+                        tried.add(instance)
+                        continue
+                    lease.succeeded()
+                    return instance, params
             return await self._no_prefill(req, prepared)
 
     async def _no_prefill(self, req: TurnRequest, prepared: _Prepared) -> tuple[None, None]:
@@ -435,31 +452,28 @@ class TurnRunner:
             p_instance, p_params = await self._prefill(req, prepared)
             decode = self._pick_decode(req, tried, timed_out)
             body = self._decode_body(req, prepared.ids, p_params)
-            decode.in_flight += 1
-            decode.breaker.begin()
-            try:
-                with self._leg(req, "decode", **{"carryover.instance": decode.name}):
-                    answer = await self._upstream.post_json(
-                        f"{decode.url}{req.path}",
-                        body,
-                        timeout=self._config.timeouts.request,
-                        headers=req.engine_headers,
-                    )
-            except UpstreamError as exc:
-                if is_client_fault(exc):
-                    raise
-                self._pool.failed(decode, exc)
-                self._metrics.retries.labels("decode_failed").inc()
-                tried.add(decode)
-                if isinstance(exc, EngineTimeout):
-                    timed_out.add(decode)
-                prepared.spend_handle()
-                last = exc
-                log.warning("decode attempt %d failed: %s", attempt + 1, exc.message)
-                continue
-            finally:
-                decode.in_flight -= 1
-            self._pool.succeeded(decode)
+            with self._pool.lease(decode) as lease:
+                try:
+                    with self._leg(req, "decode", **{"carryover.instance": decode.name}):
+                        answer = await self._upstream.post_json(
+                            f"{decode.url}{req.path}",
+                            body,
+                            timeout=self._config.timeouts.request,
+                            headers=req.engine_headers,
+                        )
+                except UpstreamError as exc:
+                    if is_client_fault(exc):
+                        raise
+                    lease.failed(exc)
+                    self._metrics.retries.labels("decode_failed").inc()
+                    tried.add(decode)
+                    if isinstance(exc, EngineTimeout):
+                        timed_out.add(decode)
+                    prepared.spend_handle()
+                    last = exc
+                    log.warning("decode attempt %d failed: %s", attempt + 1, exc.message)
+                    continue
+                lease.succeeded()
             if not isinstance(answer, dict):
                 raise EngineFailed("decode instance answered with a non-object body")
             output = DecodeOutput(client_wants_ids=req.client_wants_ids)
@@ -477,25 +491,28 @@ class TurnRunner:
             p_instance, p_params = await self._prefill(req, prepared)
             decode = self._pick_decode(req, tried, timed_out)
             body = self._decode_body(req, prepared.ids, p_params)
-            context = self._upstream.stream(
-                f"{decode.url}{req.path}",
-                body,
-                first_byte=self._config.timeouts.first_byte,
-                headers=req.engine_headers,
-            )
-            decode.in_flight += 1
-            decode.breaker.begin()
+            # Everything the stream holds (the lease, the connection, the span) is released
+            # by one exit stack, whatever ends the stream: its end, an error, or a client that
+            # left and closed this generator.
+            held = contextlib.AsyncExitStack()
+            lease = held.enter_context(self._pool.lease(decode))
             try:
-                response = await context.__aenter__()
+                response = await held.enter_async_context(
+                    self._upstream.stream(
+                        f"{decode.url}{req.path}",
+                        body,
+                        first_byte=self._config.timeouts.first_byte,
+                        headers=req.engine_headers,
+                    )
+                )
                 lines = iter_sse(response, idle_timeout=self._config.timeouts.first_byte)
                 first = await anext(lines)
             except (UpstreamError, StopAsyncIteration) as exc:
-                decode.in_flight -= 1
-                await context.__aexit__(None, None, None)
+                await held.aclose()
                 if is_client_fault(exc):
                     raise
                 error = exc if isinstance(exc, UpstreamError) else EngineFailed("empty stream")
-                self._pool.failed(decode, error)
+                lease.failed(error)
                 self._metrics.retries.labels("decode_failed").inc()
                 tried.add(decode)
                 if isinstance(exc, EngineTimeout):
@@ -506,9 +523,9 @@ class TurnRunner:
                 continue
             break
         output = DecodeOutput(client_wants_ids=req.client_wants_ids)
-        leg = self._leg(req, "decode", **{"carryover.instance": decode.name})
-        leg.__enter__()  # a span over the whole stream, first byte to [DONE]
-        try:
+        # A span over the whole stream, first byte to [DONE].
+        held.enter_context(self._leg(req, "decode", **{"carryover.instance": decode.name}))
+        async with held:
             try:
                 yield output.chunk(first)
                 self._metrics.ttft.labels(turn_bucket(req.turn or 1)).observe(
@@ -518,10 +535,10 @@ class TurnRunner:
                     if data == "[DONE]":
                         break
                     yield output.chunk(data)
-                self._pool.succeeded(decode)
+                lease.succeeded()
             except UpstreamError as exc:
                 # Mid-stream: the client gets an error event and [DONE], never a cut stream.
-                self._pool.failed(decode, exc)
+                lease.failed(exc)
                 log.warning("decode stream failed mid-way: %s", exc.message)
                 yield _sse_error(exc)
                 yield b"data: [DONE]\n\n"
@@ -529,10 +546,6 @@ class TurnRunner:
             await self._commit(req, prepared, output, decode, p_instance, streamed=True)
             self._metrics.e2e.labels("true").observe(time.monotonic() - req.started)
             yield b"data: [DONE]\n\n"
-        finally:
-            decode.in_flight -= 1
-            leg.__exit__(None, None, None)
-            await context.__aexit__(None, None, None)
 
     # -- commit ------------------------------------------------------------------------------
 

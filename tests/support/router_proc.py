@@ -46,7 +46,7 @@ class RouterProcess:
             start_new_session=True,  # granian's workers are children: signal the whole group
         )
 
-    async def start(self, timeout: float = 30.0, *, ready: bool = True) -> None:
+    async def start(self, timeout: float = 180.0, *, ready: bool = True) -> None:
         """Launch and wait (without blocking the loop: in-process engines must answer probes)
         until ``/ready`` (or ``/health``) answers 200."""
         self.launch()

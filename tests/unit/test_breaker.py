@@ -1,6 +1,18 @@
 from __future__ import annotations
 
-from router.pool import Breaker
+import asyncio
+import contextlib
+import time
+from typing import cast
+
+import pytest
+
+from router.cli import load_config
+from router.errors import EngineFailed
+from router.metrics import RouterMetrics
+from router.pool import Breaker, Instance, InstancePool
+from router.upstream import Upstream
+from state import MemoryStore
 
 
 def test_breaker_opens_half_opens_for_one_trial_and_closes() -> None:
@@ -18,3 +30,44 @@ def test_breaker_opens_half_opens_for_one_trial_and_closes() -> None:
     breaker.begin()
     breaker.success()
     assert breaker.state == "closed" and breaker.allows(11.4) and breaker.failures == 0
+
+
+class _Verdictless(Exception):
+    pass
+
+
+def pool_with_open_decode() -> tuple[InstancePool, Instance]:
+    config = load_config(["--prefill", "http://p:1", "--decode", "http://d:1"], environ={})
+    pool = InstancePool(config, cast(Upstream, None), MemoryStore(), RouterMetrics())
+    decode = next(i for i in pool.instances if i.role == "decode")
+    for _ in range(config.breaker_failures):
+        decode.breaker.failure(now=-3600.0)  # open, and its reset period long over
+    return pool, decode
+
+
+@pytest.mark.parametrize(
+    "ending",
+    ["client_error", "cancelled", "handle_rejected"],
+)
+def test_a_trial_without_a_verdict_is_given_up_not_kept(ending: str) -> None:
+    pool, decode = pool_with_open_decode()
+    assert decode.available(time.monotonic())
+    with contextlib.suppress(_Verdictless, asyncio.CancelledError), pool.lease(decode):
+        assert decode.in_flight == 1 and decode.breaker.state == "half_open"
+        assert not decode.available(time.monotonic())  # one trial at a time
+        if ending == "cancelled":
+            raise asyncio.CancelledError
+        raise _Verdictless(ending)  # a client 4xx, or P refusing a handle: no verdict
+    assert decode.in_flight == 0
+    assert decode.breaker.state == "open" and decode.available(time.monotonic())
+
+
+def test_a_trial_with_a_verdict_closes_or_reopens_the_circuit() -> None:
+    pool, decode = pool_with_open_decode()
+    with pool.lease(decode) as lease:
+        lease.failed(EngineFailed("still broken"))
+    assert decode.breaker.state == "open" and decode.in_flight == 0
+    decode.breaker.opened_at = -3600.0
+    with pool.lease(decode) as lease:
+        lease.succeeded()
+    assert decode.breaker.state == "closed" and decode.in_flight == 0

@@ -1,0 +1,78 @@
+"""Instance bookkeeping (in-flight counts, breaker trials) ends right on every exit path."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from tests.support.metrics import ascrape
+from tests.support.stack import Stack, stack
+from tests.support.waiting import eventually
+
+TEXT = "Tell me slowly about the lighthouse keeper and the long winter nights on the rock. "
+
+
+async def in_flight(s: Stack, url: str) -> float:
+    name = url.removeprefix("http://")
+    metrics = await ascrape(s.client, s.router.url)
+    # Absent: the router never sent it a request (a P out of rotation on a loaded machine).
+    return metrics.get(f"carryover_instance_in_flight{{instance={name}}}", 0.0)
+
+
+async def test_a_client_leaving_mid_stream_leaves_nothing_in_flight(tmp_path: Path) -> None:
+    # Real-time decode steps: a 300-token answer streams for about two seconds.
+    async with stack(tmp_path, sim={"speed": 1.0}) as s:
+        body = {
+            "model": "sim-qwen3",
+            "messages": [{"role": "user", "content": TEXT}],
+            "max_tokens": 300,
+            "ignore_eos": True,
+            "stream": True,
+            "conversation_id": "leaving",
+        }
+        url = s.router.url + "/v1/chat/completions"
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream("POST", url, json=body) as r,
+        ):
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    break  # the first chunk is in: leave
+        d = s.decode[0].url
+        await eventually(lambda: in_flight(s, d), lambda n: n == 0, what="D's in-flight count")
+        await eventually(
+            lambda: ascrape(s.client, s.router.url),
+            lambda m: m["carryover_in_flight"] == 0,
+            what="the router's in-flight count",
+        )
+
+
+async def test_many_clients_leaving_at_random_points_leave_nothing_in_flight(
+    tmp_path: Path,
+) -> None:
+    async with stack(tmp_path, sim={"speed": 1.0}) as s:
+
+        async def leave_after(chunks: int, index: int) -> None:
+            body = {
+                "model": "sim-qwen3",
+                "messages": [{"role": "user", "content": f"{index}: {TEXT}"}],
+                "max_tokens": 200,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            async with (
+                httpx.AsyncClient(timeout=30) as client,
+                client.stream("POST", s.router.url + "/v1/chat/completions", json=body) as r,
+            ):
+                seen = 0
+                async for line in r.aiter_lines():
+                    seen += line.startswith("data: ")
+                    if seen >= chunks:
+                        return
+
+        await asyncio.gather(*(leave_after(1 + 7 * i, i) for i in range(8)))
+        for url in (s.decode[0].url, s.prefill[0].url):
+            await eventually(lambda u=url: in_flight(s, u), lambda n: n == 0, what=url)
