@@ -21,6 +21,10 @@ class ReleaseCause(StrEnum):
     # The turn carried fields the router cannot check (router/fields.py): the stored handle
     # is not attached, and it is released.
     REUSE_DISABLED = "reuse_disabled"
+    # The client left before its claimed handle was sent to P.
+    CLIENT_GONE = "client_gone"
+    # P answered the request that carried the handle with a 4xx: it never ran it.
+    PREFILL_REFUSED = "prefill_refused"
     # The prompt had images, audio or embeddings: its ids do not determine its KV, so what D
     # holds is never stored for a later turn.
     IDS_DO_NOT_DETERMINE_KV = "ids_do_not_determine_kv"
@@ -38,3 +42,6 @@ class LeftToExpire(StrEnum):
 
     COMMIT_OUTCOME_UNKNOWN = "commit_outcome_unknown"
     CLAIM_OUTCOME_UNKNOWN = "claim_outcome_unknown"
+    # The client left while P held the request that carried the handle: P may be reading
+    # it, and a release racing that read could leave freed blocks in P's prefix cache.
+    SENT_THEN_CANCELLED = "sent_then_cancelled"

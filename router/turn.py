@@ -105,9 +105,11 @@ class _Prepared:
     # False when the prompt's ids do not determine its KV (images, audio, embeddings): what D
     # holds at the end is then never stored for a later turn.
     storable: bool = True
+    sent: bool = False  # the claimed handle (or its release) went to P
 
     def spend_handle(self, path: str = "cold-error") -> None:
         """The claimed handle was used or lost: later attempts run cold."""
+        self.sent = self.sent or self.plan.handle is not None
         self.plan = Plan(Path.COLD, Reason.NO_RECORD)
         self.path = path
 
@@ -194,11 +196,20 @@ class TurnRunner:
 
     async def run(self, req: TurnRequest) -> TurnOutcome:
         prepared = await self._prepare(req)
-        if req.stream:
-            chunks = self._stream(req, prepared)
-            first = await anext(chunks)  # P leg + D's first chunk: errors here are HTTP errors
-            return TurnOutcome(prepared.path, chunks=Relay(first, chunks))
-        body = await self._complete(req, prepared)
+        try:
+            if req.stream:
+                chunks = self._stream(req, prepared)
+                first = await anext(chunks)  # P leg + D's first chunk: errors are HTTP errors
+                return TurnOutcome(prepared.path, chunks=Relay(first, chunks))
+            body = await self._complete(req, prepared)
+        except asyncio.CancelledError:
+            # The client left. A claimed handle not yet sent to P is nobody's now; one that
+            # was sent may be under P's read, and is left to P and D's TTL.
+            if prepared.plan.handle is not None and prepared.record is not None:
+                self._release(req, prepared.record.handle, ReleaseCause.CLIENT_GONE)
+            elif prepared.sent:
+                self._metrics.left_to_expire.labels(LeftToExpire.SENT_THEN_CANCELLED).inc()
+            raise
         return TurnOutcome(prepared.path, body=body)
 
     # -- render, claim, plan -----------------------------------------------------------------
@@ -357,6 +368,10 @@ class TurnRunner:
                         )
                     except UpstreamError as exc:
                         if is_client_fault(exc):
+                            if with_handle:
+                                # P refused the request before running it: the handle was
+                                # never read, and the claimed record is gone.
+                                self._release(req, kv, ReleaseCause.PREFILL_REFUSED)
                             raise
                         if (
                             with_handle

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.metrics import ascrape
@@ -111,3 +112,49 @@ async def test_a_decode_restart_is_one_epoch_for_every_router(
         assert paths == ["cold-expired", "reuse", "reuse", "reuse"]
         p_metrics = await ascrape(s.client, s.prefill[0].url)
         assert p_metrics["vllm:nixl_num_failed_transfers_total"] == 0
+
+
+async def test_a_prefill_4xx_after_the_handle_was_sent_releases_it(tmp_path: Path) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
+        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert first.path == "cold-miss", first.raw
+        messages += [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": TEXT.format(i=2)},
+        ]
+        # A field only the engine validates: P refuses the request that carries the handle.
+        refused = await chat_turn(
+            s.client, s.router.url, messages, conversation_id=conversation, stop=5
+        )
+        assert refused.status == 400, refused.raw
+        await eventually(lambda: held_by(s), lambda h: h == [], what="D's pin is released")
+        router = await ascrape(s.client, s.router.url)
+        assert router["carryover_handles_released_total{cause=prefill_refused}"] == 1
+
+
+async def test_a_client_leaving_while_p_holds_the_handle_is_counted(tmp_path: Path) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
+        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert first.path == "cold-miss", first.raw
+        messages += [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": TEXT.format(i=2)},
+        ]
+        await s.client.post(s.prefill[0].url + "/sim/faults", json={"hang": True})
+        body = {"model": "sim-qwen3", "messages": messages, "conversation_id": conversation}
+        with pytest.raises(httpx.ReadTimeout):
+            await s.client.post(s.router.url + "/v1/chat/completions", json=body, timeout=1.0)
+        name = "carryover_handles_left_to_expire_total{cause=sent_then_cancelled}"
+        await eventually(
+            lambda: ascrape(s.client, s.router.url),
+            lambda m: m.get(name, 0) == 1,
+            what="the handle P held is counted, not released",
+        )
+        assert "carryover_handles_released_total{cause=client_gone}" not in (
+            await ascrape(s.client, s.router.url)
+        )
+        await s.client.post(s.prefill[0].url + "/sim/faults", json={"hang": False})
