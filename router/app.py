@@ -350,7 +350,10 @@ async def end_conversation(
     model, model_name = _resolve_model(services, request.query_params.get("model"))
     key = _conversation_key(tenant, model_name, conversation_id)
     try:
-        record = await services.store.delete(key)
+        # Turns still running commit nothing after this (fenced for as long as one can run).
+        record = await services.store.delete(
+            key, now=time.time(), fence=services.config.timeouts.request
+        )
     except StoreUnavailable as exc:
         raise EngineUnavailable("conversation state is unavailable") from exc
     released = False

@@ -21,6 +21,8 @@ class ReleaseCause(StrEnum):
     # The turn carried fields the router cannot check (router/fields.py): the stored handle
     # is not attached, and it is released.
     REUSE_DISABLED = "reuse_disabled"
+    # DELETE ended the conversation while this turn ran.
+    CONVERSATION_ENDED = "conversation_ended"
     # The client left before its claimed handle was sent to P.
     CLIENT_GONE = "client_gone"
     # P answered the request that carried the handle with a 4xx: it never ran it.

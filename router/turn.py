@@ -84,6 +84,7 @@ class TurnRequest:
     request_id: str
     turn: int | None  # chat: the number of user messages; completions: from the record
     started: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)  # wall clock: fences DELETE races
     trace: TurnTrace = NO_TRACE
 
     @property
@@ -109,7 +110,6 @@ class _Prepared:
 
     def spend_handle(self, path: str = "cold-error") -> None:
         """The claimed handle was used or lost: later attempts run cold."""
-        self.sent = self.sent or self.plan.handle is not None
         self.plan = Plan(Path.COLD, Reason.NO_RECORD)
         self.path = path
 
@@ -358,6 +358,7 @@ class TurnRunner:
                 body = self._prefill_body(req, prepared.ids, kv)
                 if with_handle:
                     prepared.spend_handle(prepared.path)  # sent once, whatever happens next
+                    prepared.sent = True
                 with self._pool.lease(instance) as lease:
                     try:
                         answer = await self._upstream.post_json(
@@ -412,7 +413,9 @@ class TurnRunner:
             if unsent and prepared.record is not None and req.key is not None:
                 # Never sent: put it back, so the client's retry still reuses D's blocks.
                 try:
-                    put_back = await self._store.commit(req.key, prepared.record, now=time.time())
+                    put_back = await self._store.commit(
+                        req.key, prepared.record, now=time.time(), started_at=req.started_at
+                    )
                     if not put_back.written:  # a later turn is stored: this one is dead
                         self._release(req, prepared.record.handle, ReleaseCause.SUPERSEDED)
                     self._release_replaced(req, put_back.replaced)
@@ -629,7 +632,9 @@ class TurnRunner:
         )
         try:
             with self._leg(req, "commit"):
-                committed = await self._store.commit(req.key, record, now=now)
+                committed = await self._store.commit(
+                    req.key, record, now=now, started_at=req.started_at
+                )
         except StoreUnavailable as exc:
             # The write may still land when the store answers again: releasing now would
             # leave a stored handle to freed blocks, which the next turn would send to P.
@@ -637,7 +642,9 @@ class TurnRunner:
             self._metrics.left_to_expire.labels(LeftToExpire.COMMIT_OUTCOME_UNKNOWN).inc()
             log.warning("store unavailable, record may not be kept; D frees it at its TTL: %s", exc)
             return
-        if not committed.written:
+        if committed.ended:  # DELETE came while this turn ran: the conversation is over
+            self._release(req, handle, ReleaseCause.CONVERSATION_ENDED)
+        elif not committed.written:
             self._release(req, handle, ReleaseCause.SUPERSEDED)
         self._release_replaced(req, committed.replaced)
 

@@ -25,6 +25,7 @@ class MemoryStore:
         self._records: dict[ConversationKey, Record] = {}
         self._epochs: dict[str, int] = {}
         self._identities: dict[str, str] = {}
+        self._ended: dict[ConversationKey, tuple[float, float]] = {}  # (ended at, until)
         self._commits = 0
         self._expired: dict[str, int] = {}  # by decode instance, since the last held()
 
@@ -45,9 +46,21 @@ class MemoryStore:
             del self._records[key]
         return record
 
-    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> Committed:
+    async def commit(
+        self,
+        key: ConversationKey,
+        record: Record,
+        *,
+        now: float,
+        started_at: float | None = None,
+    ) -> Committed:
         if record.expired(now):
             return Committed(written=False)
+        ended = self._ended.get(key)
+        if ended is not None and ended[1] <= now:
+            del self._ended[key]
+        elif ended is not None and started_at is not None and started_at <= ended[0]:
+            return Committed(written=False, ended=True)
         current = self._live(key)
         if current is not None and current.turn > record.turn:
             return Committed(written=False)
@@ -65,9 +78,13 @@ class MemoryStore:
     async def get(self, key: ConversationKey) -> Record | None:
         return self._live(key)
 
-    async def delete(self, key: ConversationKey) -> Record | None:
+    async def delete(
+        self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
+    ) -> Record | None:
         record = self._live(key)
         self._records.pop(key, None)
+        if now is not None and fence > 0:
+            self._ended[key] = (now, now + fence)
         return record
 
     async def observe_identity(self, instance: str, identity: str) -> int:

@@ -51,11 +51,17 @@ end
 
 # The held sets are addressed from the scripts, not through KEYS: fine on one Redis (or a
 # replicated primary), not on Redis Cluster, where the record keys are not co-located anyway.
-# KEYS[1] record key; ARGV[2] value; ARGV[3] lifetime in ms; ARGV[4] expires_at; ARGV[5]
-# created_at; ARGV[6] now. Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
+# KEYS[1] record key, KEYS[2] its ended mark; ARGV[2] value; ARGV[3] lifetime in ms; ARGV[4]
+# expires_at; ARGV[5] created_at; ARGV[6] now; ARGV[7] when the turn started ('' : unfenced). Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
 _COMMIT = (
     _LUA_HELPERS
     + """
+if ARGV[7] ~= '' then
+  local ended = redis.call('GET', KEYS[2])
+  if ended and tonumber(ended) >= tonumber(ARGV[7]) then
+    return {0, false, 1}
+  end
+end
 local current = redis.call('GET', KEYS[1])
 if current then
   if string.sub(current, 1, 8) > string.sub(ARGV[2], 1, 8) then
@@ -89,7 +95,9 @@ return {1, current}
 """
 )
 
-# KEYS[1] record key. Get-and-delete, and the holder forgets it.
+# KEYS[1] record key. Get-and-delete, and the holder forgets it. With KEYS[2] (the ended
+# mark), ARGV[2] (now) and ARGV[3] (fence in ms): commits of turns started before now are
+# refused while the mark lives.
 _CLAIM = (
     _LUA_HELPERS
     + """
@@ -97,6 +105,9 @@ local value = redis.call('GET', KEYS[1])
 if value then
   redis.call('DEL', KEYS[1])
   unhold(value, KEYS[1])
+end
+if KEYS[2] then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 end
 return value
 """
@@ -223,6 +234,10 @@ class RedisStore:
     def _held_prefix(self) -> str:
         return f"{self._namespace}-held"
 
+    def _ended_key(self, key: ConversationKey) -> str:
+        """The mark of a conversation ended by DELETE (outside the records' key space)."""
+        return key.storage_key(f"{self._namespace}-ended")
+
     def _epoch_key(self, instance: str) -> str:
         return f"{self._namespace}-epoch:{instance}"
 
@@ -239,13 +254,20 @@ class RedisStore:
         )
         return _decode(value)
 
-    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> Committed:
+    async def commit(
+        self,
+        key: ConversationKey,
+        record: Record,
+        *,
+        now: float,
+        started_at: float | None = None,
+    ) -> Committed:
         ttl_ms = int((record.expires_at - now) * 1000)
         if ttl_ms <= 0:
             return Committed(written=False)
-        written, replaced = await self._call(
+        answer = await self._call(
             lambda: self._commit(
-                keys=[self._key(key)],
+                keys=[self._key(key), self._ended_key(key)],
                 args=[
                     self._held_prefix,
                     _encode(record),
@@ -253,16 +275,30 @@ class RedisStore:
                     repr(record.expires_at),
                     repr(record.created_at),
                     repr(now),
+                    repr(started_at) if started_at is not None else "",
                 ],
             )
         )
-        return Committed(written=bool(written), replaced=_decode(replaced))
+        written, replaced, *ended = answer
+        return Committed(
+            written=bool(written), replaced=_decode(replaced), ended=bool(ended and ended[0])
+        )
 
     async def get(self, key: ConversationKey) -> Record | None:
         return _decode(await self._call(lambda: self._client.get(self._key(key))))
 
-    async def delete(self, key: ConversationKey) -> Record | None:
-        return await self.claim(key)
+    async def delete(
+        self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
+    ) -> Record | None:
+        if now is None or fence <= 0:
+            return await self.claim(key)
+        value = await self._call(
+            lambda: self._claim(
+                keys=[self._key(key), self._ended_key(key)],
+                args=[self._held_prefix, repr(now), int(fence * 1000)],
+            )
+        )
+        return _decode(value)
 
     async def observe_identity(self, instance: str, identity: str) -> int:
         keys = [self._epoch_key(instance), f"{self._namespace}-identity:{instance}"]

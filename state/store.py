@@ -43,6 +43,7 @@ class Committed(msgspec.Struct, frozen=True):
 
     written: bool
     replaced: Record | None = None
+    ended: bool = False  #: refused: the conversation was ended after this turn started
 
 
 @runtime_checkable
@@ -56,17 +57,30 @@ class Store(Protocol):
         """Take the record out of the store (get-and-delete in one step): a handle is used once."""
         ...
 
-    async def commit(self, key: ConversationKey, record: Record, *, now: float) -> Committed:
-        """Store ``record`` unless a record of a later turn is stored; expire it at
-        ``record.expires_at``. Says whether it was written and what live record it replaced."""
+    async def commit(
+        self,
+        key: ConversationKey,
+        record: Record,
+        *,
+        now: float,
+        started_at: float | None = None,
+    ) -> Committed:
+        """Store ``record`` unless a record of a later turn is stored, or the conversation
+        was ended (:meth:`delete` with a fence) after its turn started at ``started_at``;
+        expire it at ``record.expires_at``. Says whether it was written and what live record
+        it replaced."""
         ...
 
     async def get(self, key: ConversationKey) -> Record | None:
         """Read the record without taking it (inspection only: never send its handle)."""
         ...
 
-    async def delete(self, key: ConversationKey) -> Record | None:
-        """Drop the record; returns what was dropped."""
+    async def delete(
+        self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
+    ) -> Record | None:
+        """Drop the record; returns what was dropped. With ``now`` and ``fence``, commits of
+        turns that started before ``now`` are refused for ``fence`` seconds: a turn in flight
+        when its conversation was ended does not bring it back."""
         ...
 
     async def observe_identity(self, instance: str, identity: str) -> int:

@@ -53,6 +53,23 @@ async def test_a_commit_says_what_it_replaced(store: Store) -> None:
     assert await store.commit(key(), make_record(6), now=time.time()) == Committed(True, None)
 
 
+async def test_an_ended_conversation_refuses_turns_that_started_before(store: Store) -> None:
+    started = time.time()
+    assert (await store.commit(key(), make_record(1), now=time.time())).written
+    ended_at = time.time()
+    assert await store.delete(key(), now=ended_at, fence=60) is not None
+    # A turn in flight when DELETE came does not bring the conversation back...
+    late = await store.commit(key(), make_record(2), now=time.time(), started_at=started)
+    assert late == Committed(False, None, ended=True)
+    assert await store.get(key()) is None
+    # ...a turn that started after it does (the id may start a new conversation).
+    new = await store.commit(key(), make_record(1), now=time.time(), started_at=ended_at + 0.001)
+    assert new.written and not new.ended
+    # Without a fence, DELETE only drops.
+    assert await store.delete(key("c2")) is None
+    assert (await store.commit(key("c2"), make_record(1), now=time.time(), started_at=0)).written
+
+
 async def test_later_turn_wins_and_earlier_is_refused(store: Store) -> None:
     assert (await store.commit(key(), make_record(4), now=time.time())).written
     assert not (await store.commit(key(), make_record(3), now=time.time())).written

@@ -158,3 +158,39 @@ async def test_a_client_leaving_while_p_holds_the_handle_is_counted(tmp_path: Pa
             await ascrape(s.client, s.router.url)
         )
         await s.client.post(s.prefill[0].url + "/sim/faults", json={"hang": False})
+
+
+async def test_delete_during_a_turn_leaves_no_record_and_no_pin(tmp_path: Path) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
+        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert first.path == "cold-miss", first.raw
+        messages += [
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": TEXT.format(i=2)},
+        ]
+        # Turn 2 is held at D while the client ends the conversation.
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"hang": True})
+        second = asyncio.create_task(
+            chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        )
+        await eventually(
+            lambda: ascrape(s.client, s.prefill[0].url),
+            lambda m: m.get("vllm:request_success_total:sum", 0) >= 2,
+            what="turn 2's P leg",
+        )
+        ended = await s.client.delete(f"{s.router.url}/v1/conversations/{conversation}")
+        assert ended.json()["deleted"] is False  # turn 2 holds what there was
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"hang": False})
+        assert (await second).status == 200
+        # Its commit is refused and its handle released: nothing is left of the conversation.
+        await eventually(lambda: held_by(s), lambda h: h == [], what="no pin left at D")
+        router = await ascrape(s.client, s.router.url)
+        assert router["carryover_handles_released_total{cause=conversation_ended}"] == 1
+        messages += [
+            {"role": "assistant", "content": (await second).content},
+            {"role": "user", "content": TEXT.format(i=3)},
+        ]
+        third = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert third.path == "cold-miss"
