@@ -8,6 +8,7 @@ RUN uv sync --frozen --no-dev --no-install-project
 COPY state ./state
 COPY router ./router
 COPY bench ./bench
+COPY carryover ./carryover
 RUN uv sync --frozen --no-dev
 
 FROM python:3.11-slim

@@ -13,7 +13,7 @@ help: ## list the targets
 
 bootstrap: ## install uv if missing and the locked environment
 	@$(UV) --version >/dev/null 2>&1 || { echo "installing uv"; python3 -m pip install --quiet uv; }
-	@$(UV) sync --frozen --quiet
+	@$(UV) sync --frozen --quiet --extra bench
 
 redis-server: ## make sure a redis-server binary exists (tests start their own servers)
 	@command -v redis-server >/dev/null 2>&1 || { \

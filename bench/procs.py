@@ -75,7 +75,7 @@ class Topology:
         log = self.log_dir / f"{name}.log"
         handle = open(log, "ab")  # noqa: SIM115 - owned by the child
         popen = subprocess.Popen(
-            [sys.executable, "-m", "router", *args],
+            [sys.executable, "-m", "carryover", *args],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},

@@ -182,13 +182,9 @@ def _serve(argv: Sequence[str]) -> None:
     ).serve()
 
 
-_USAGE = """usage: carryover COMMAND [ARGS]
+_USAGE = """usage: carryover serve [ARGS]   (python -m router serve [ARGS])
 
-commands:
   serve   run the router in front of vLLM prefill/decode instances
-  sim     run a simulated vLLM instance (same flags as vllm serve, plus --sim-*)
-  bench   multi-turn benchmark (turn-N vs turn-1 TTFT) and router overhead
-  demo    simulated engines + router + in-process state: a turn-by-turn TTFT report
 """
 
 
@@ -201,18 +197,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if command == "serve":
             _serve(rest)
-        elif command == "sim":
-            from bench.sim.cli import main as sim_main
-
-            sim_main(rest)
-        elif command == "bench":
-            from bench.cli import main as bench_main
-
-            bench_main(rest)
-        elif command == "demo":
-            from bench.demo import main as demo_main
-
-            demo_main(rest)
         else:
             print(_USAGE, file=sys.stderr)
             raise SystemExit(2)

@@ -1,0 +1,1 @@
+"""The ``carryover`` command: one entry point for the router and its tools."""

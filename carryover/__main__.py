@@ -1,0 +1,3 @@
+from carryover.cli import main
+
+main()

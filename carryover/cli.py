@@ -1,0 +1,49 @@
+"""``carryover COMMAND``: hands each command to the package that owns it.
+
+``serve`` is the router's (``router.cli``); ``sim``, ``bench`` and ``demo`` are the
+benchmark's (``bench``). The router never imports the benchmark, so ``carryover serve`` runs
+without the ``bench`` extra (plotting) installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+_USAGE = """usage: carryover COMMAND [ARGS]
+
+commands:
+  serve   run the router in front of vLLM prefill/decode instances
+  sim     run a simulated vLLM instance (same flags as vllm serve, plus --sim-*)
+  bench   multi-turn benchmark (turn-N vs turn-1 TTFT) and router overhead
+  demo    simulated engines + router + in-process state: a turn-by-turn TTFT report
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_USAGE)
+        return
+    command, rest = args[0], args[1:]
+    if command == "serve":
+        from router.cli import main as router_main
+
+        router_main(args)
+    elif command == "sim":
+        from bench.sim.cli import main as sim_main
+
+        sim_main(rest)
+    elif command == "bench":
+        from bench.cli import main as bench_main
+
+        bench_main(rest)
+    elif command == "demo":
+        from bench.demo import main as demo_main
+
+        demo_main(rest)
+    else:
+        print(_USAGE, file=sys.stderr)
+        raise SystemExit(2)
