@@ -211,7 +211,7 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
             services.in_flight -= 1
             services.metrics.in_flight.set(services.in_flight)
             trace.end(error)
-    headers = {_PATH_HEADER: outcome.path} if services.config.expose_path_header else {}
+    headers = {_PATH_HEADER: str(outcome.path)} if services.config.expose_path_header else {}
     if outcome.chunks is not None:
         chunks = outcome.chunks
         done = False

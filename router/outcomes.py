@@ -4,7 +4,24 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["LeftToExpire", "ReleaseCause"]
+__all__ = ["LeftToExpire", "NoHandleCause", "ReleaseCause", "RetryCause"]
+
+
+class NoHandleCause(StrEnum):
+    """Why a finished turn left no handle at D."""
+
+    STREAMED_BEFORE_033 = "streamed_before_0.33"  #: vLLM 0.32 streams return none
+    STOP_STRING = "stop_string"  #: vLLM aborts on a stop string: no handle, blocks freed
+    NONE_RETURNED = "none_returned"
+
+
+class RetryCause(StrEnum):
+    """Why part of a turn ran again."""
+
+    PREFILL_HANDLE_REJECTED = "prefill_handle_rejected"
+    PREFILL_FAILED = "prefill_failed"
+    DECODE_FAILED = "decode_failed"
+    RENDER_FAILED = "render_failed"
 
 
 class ReleaseCause(StrEnum):
@@ -47,3 +64,5 @@ class LeftToExpire(StrEnum):
     # The client left while P held the request that carried the handle: P may be reading
     # it, and a release racing that read could leave freed blocks in P's prefix cache.
     SENT_THEN_CANCELLED = "sent_then_cancelled"
+    # No P to carry a release: D served the turn alone.
+    NO_PREFILL = "no_prefill"

@@ -1,0 +1,104 @@
+"""The end of a turn: D's handle stored for the next one, or released (docs/handles.md)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
+from router.pool import Instance, streams_handles
+from router.relay import DecodeOutput
+from router.turn.model import Prepared, TurnRequest
+from router.turn.services import TurnServices
+from state import HashedTokens, Record, StoreUnavailable, block_size_of, chunk_size_for
+
+__all__ = ["commit", "release_replaced"]
+
+log = logging.getLogger("carryover.turn")
+
+
+async def commit(
+    svc: TurnServices,
+    req: TurnRequest,
+    prepared: Prepared,
+    output: DecodeOutput,
+    decode: Instance,
+    prefill: Instance | None,
+    *,
+    streamed: bool,
+) -> None:
+    handle = output.handle
+    if not isinstance(handle, dict) or not handle.get("do_remote_decode"):
+        if streamed and decode.version is not None and not streams_handles(decode.version):
+            cause = NoHandleCause.STREAMED_BEFORE_033
+        elif output.stop_reason is not None and isinstance(output.stop_reason, str):
+            cause = NoHandleCause.STOP_STRING
+        else:
+            cause = NoHandleCause.NONE_RETURNED
+        svc.metrics.no_handle.labels(cause).inc()
+        return
+    if req.key is None or not req.model.reuse:
+        svc.release_later(req, handle, ReleaseCause.NO_CONVERSATION)
+        return
+    if not prepared.storable:
+        svc.release_later(req, handle, ReleaseCause.IDS_DO_NOT_DETERMINE_KV)
+        return
+    if prepared.ids is not None and output.prompt_ids != prepared.ids:
+        # The record would describe the checked ids, the blocks hold what D ran.
+        log.warning("decode instance %s ran other prompt ids than were checked", decode.name)
+        svc.release_later(req, handle, ReleaseCause.DECODE_PROMPT_MISMATCH)
+        return
+    ids = prepared.ids if prepared.ids is not None else output.prompt_ids
+    if ids is None:
+        svc.release_later(req, handle, ReleaseCause.NO_PROMPT_IDS)
+        return
+    sequence_end = len(ids) + len(output.output_ids)
+    try:
+        tokens = int(handle.get("remote_num_tokens") or 0)
+        block_size = block_size_of(handle, decode.block_size)
+    except (ValueError, TypeError):
+        svc.release_later(req, handle, ReleaseCause.BAD_HANDLE)
+        return
+    if not 0 < tokens <= sequence_end:
+        svc.release_later(req, handle, ReleaseCause.BAD_HANDLE)
+        return
+    chunk = chunk_size_for(block_size)
+    hashed = prepared.hashed
+    if hashed is not None and hashed.chunk_size == chunk:
+        sequence = hashed.extended(output.output_ids)
+    else:
+        sequence = HashedTokens([*ids, *output.output_ids], chunk)
+    now = time.time()
+    record = Record(
+        turn=req.turn or 1,
+        handle=handle,
+        decode=decode.name,
+        decode_epoch=decode.epoch,
+        prefill=prefill.name if prefill is not None else None,
+        block_size=block_size,
+        prefix=sequence.prefix(tokens, output_start=len(ids)),
+        created_at=now,
+        expires_at=now + req.model.record_ttl,
+    )
+    try:
+        with svc.leg(req, "commit"):
+            committed = await svc.store.commit(req.key, record, now=now, started_at=req.started_at)
+    except StoreUnavailable as exc:
+        # The write may still land when the store answers again: releasing now would leave a
+        # stored handle to freed blocks, which the next turn would send to P.
+        svc.metrics.store_errors.labels("commit").inc()
+        svc.metrics.left_to_expire.labels(LeftToExpire.COMMIT_OUTCOME_UNKNOWN).inc()
+        log.warning("store unavailable, record may not be kept; D frees it at its TTL: %s", exc)
+        return
+    if committed.ended:  # DELETE came while this turn ran: the conversation is over
+        svc.release_later(req, handle, ReleaseCause.CONVERSATION_ENDED)
+    elif not committed.written:
+        svc.release_later(req, handle, ReleaseCause.SUPERSEDED)
+    release_replaced(svc, req, committed.replaced)
+
+
+def release_replaced(svc: TurnServices, req: TurnRequest, replaced: Record | None) -> None:
+    """A record overwritten before anyone claimed it: its handle was never sent, and nobody
+    else will send it now."""
+    if replaced is not None:
+        svc.release_later(req, replaced.handle, ReleaseCause.REPLACED)

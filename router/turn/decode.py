@@ -1,0 +1,193 @@
+"""The D leg: one attempt loop for streamed and whole answers, then the answer itself.
+
+An attempt runs the P leg, picks D and sends it the client's body with P's dict; it is over
+once D answered (whole) or sent its first chunk (streamed). A failure before that runs the
+turn again on another D with a fresh cold P leg, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from router.errors import (
+    EngineFailed,
+    EngineTimeout,
+    EngineUnavailable,
+    UpstreamError,
+    is_client_fault,
+)
+from router.metrics import turn_bucket
+from router.outcomes import RetryCause
+from router.policy import pick_decode
+from router.pool import Instance, Lease
+from router.relay import DecodeOutput
+from router.turn.commit import commit
+from router.turn.model import Prepared, TurnRequest
+from router.turn.prefill import run_prefill
+from router.turn.services import TurnServices
+from router.upstream import iter_sse
+
+__all__ = ["complete", "stream"]
+
+log = logging.getLogger("carryover.turn")
+
+
+@dataclass
+class _Started:
+    """D has answered (``answer``) or begun streaming (``lines`` after ``first``). ``held``
+    owns the lease on D and the connection, whatever ends the turn."""
+
+    decode: Instance
+    prefill: Instance | None
+    lease: Lease
+    held: contextlib.AsyncExitStack
+    answer: Any = None
+    first: str | None = None
+    lines: AsyncIterator[str] | None = None
+
+
+def decode_body(
+    req: TurnRequest, ids: list[int] | None, p_params: dict[str, Any] | None
+) -> dict[str, Any]:
+    body = dict(req.body)
+    body["model"] = req.model_name
+    body["return_token_ids"] = True  # the ids D ran are the sequence its handle covers
+    # P's dict verbatim (never rewrite remote_host); no P: D computes alone and still returns
+    # a handle.
+    kv: dict[str, Any] = dict(p_params) if p_params is not None else {"do_remote_prefill": False}
+    if ids is not None:
+        if req.chat:
+            kv["prompt_token_ids"] = ids
+        else:
+            body["prompt"] = ids
+    body["kv_transfer_params"] = kv
+    return body
+
+
+def _pick_decode(
+    svc: TurnServices, req: TurnRequest, tried: set[Instance], timed_out: set[Instance]
+) -> Instance:
+    """Another D than those tried if there is one, else one tried again: a retry after a
+    dropped connection on the only D is better than a certain 503. One that timed out is
+    not tried again (the client has waited long enough)."""
+    instance = pick_decode(svc.pool.available(req.model, "decode", tried), svc.rng)
+    if instance is None:
+        again = svc.pool.available(req.model, "decode", timed_out)
+        instance = pick_decode([i for i in again if i in tried], svc.rng)
+    if instance is None:
+        raise EngineUnavailable(f"no healthy decode instance for {req.model_name}")
+    return instance
+
+
+async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _Started:
+    tried: set[Instance] = set()
+    timed_out: set[Instance] = set()
+    last: UpstreamError | None = None
+    for attempt in range(2):
+        p_instance, p_params = await run_prefill(svc, req, prepared)
+        decode = _pick_decode(svc, req, tried, timed_out)
+        body = decode_body(req, prepared.ids, p_params)
+        url = f"{decode.url}{req.path}"
+        held = contextlib.AsyncExitStack()
+        lease = held.enter_context(svc.pool.lease(decode))
+        try:
+            if req.stream:
+                response = await held.enter_async_context(
+                    svc.upstream.stream(
+                        url,
+                        body,
+                        first_byte=svc.config.timeouts.first_byte,
+                        headers=req.engine_headers,
+                    )
+                )
+                lines = iter_sse(response, idle_timeout=svc.config.timeouts.first_byte)
+                first = await anext(lines)
+                return _Started(decode, p_instance, lease, held, first=first, lines=lines)
+            with svc.leg(req, "decode", **{"carryover.instance": decode.name}):
+                answer = await svc.upstream.post_json(
+                    url, body, timeout=svc.config.timeouts.request, headers=req.engine_headers
+                )
+            return _Started(decode, p_instance, lease, held, answer=answer)
+        except (UpstreamError, StopAsyncIteration) as exc:
+            await held.aclose()
+            if is_client_fault(exc):
+                raise
+            error = exc if isinstance(exc, UpstreamError) else EngineFailed("empty stream")
+            lease.failed(error)
+            svc.metrics.retries.labels(RetryCause.DECODE_FAILED).inc()
+            tried.add(decode)
+            if isinstance(exc, EngineTimeout):
+                timed_out.add(decode)
+            prepared.spend_handle()
+            last = error
+            log.warning("decode attempt %d failed: %s", attempt + 1, error.message)
+        except BaseException:  # cancelled (the client left): the lease and connection go too
+            await held.aclose()
+            raise
+    assert last is not None
+    raise last
+
+
+async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> bytes:
+    started = await _start(svc, req, prepared)
+    async with started.held:
+        started.lease.succeeded()
+        if not isinstance(started.answer, dict):
+            raise EngineFailed("decode instance answered with a non-object body")
+        output = DecodeOutput(client_wants_ids=req.client_wants_ids)
+        data = output.body(started.answer)
+    await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
+    svc.metrics.e2e.labels("false").observe(time.monotonic() - req.started)
+    return data
+
+
+async def stream(
+    svc: TurnServices, req: TurnRequest, prepared: Prepared
+) -> AsyncGenerator[bytes, None]:
+    started = await _start(svc, req, prepared)
+    assert started.first is not None and started.lines is not None
+    output = DecodeOutput(client_wants_ids=req.client_wants_ids)
+    # A span over the whole stream, first byte to [DONE].
+    started.held.enter_context(
+        svc.leg(req, "decode", **{"carryover.instance": started.decode.name})
+    )
+    async with started.held:
+        try:
+            yield output.chunk(started.first)
+            svc.metrics.ttft.labels(turn_bucket(req.turn or 1)).observe(
+                time.monotonic() - req.started
+            )
+            async for data in started.lines:
+                if data == "[DONE]":
+                    break
+                yield output.chunk(data)
+            started.lease.succeeded()
+        except UpstreamError as exc:
+            # Mid-stream: the client gets an error event and [DONE], never a cut stream.
+            started.lease.failed(exc)
+            log.warning("decode stream failed mid-way: %s", exc.message)
+            yield _sse_error(exc)
+            yield b"data: [DONE]\n\n"
+            return
+        await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
+        svc.metrics.e2e.labels("true").observe(time.monotonic() - req.started)
+        yield b"data: [DONE]\n\n"
+
+
+def _sse_error(exc: UpstreamError) -> bytes:
+    body = {
+        "error": {
+            "message": exc.message,
+            "type": exc.error_type,
+            "param": None,
+            "code": exc.status_code,
+        }
+    }
+    return b"data: " + msgspec.json.encode(body) + b"\n\n"

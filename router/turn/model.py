@@ -1,0 +1,113 @@
+"""What a turn carries from stage to stage, and the path vocabulary it ends with."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from router.config import ModelConfig
+from router.tracing import NO_TRACE, TurnTrace
+from state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
+
+__all__ = ["Prepared", "Relay", "TurnOutcome", "TurnPath", "TurnRequest", "path_of"]
+
+
+class TurnPath(StrEnum):
+    """How a turn ran (``X-Carryover-Path``, the ``path`` label of metrics, logs)."""
+
+    REUSE = "reuse"  #: the whole stored handle
+    PARTIAL = "partial"  #: the handle cut to the blocks before a divergence
+    COLD_MISS = "cold-miss"  #: no record
+    COLD_MISMATCH = "cold-mismatch"  #: nothing reusable: the handle was released
+    COLD_EXPIRED = "cold-expired"  #: the record's decode instance restarted, or it expired
+    COLD_ERROR = "cold-error"  #: store or render down, or P refused the handle
+    COLD_UNCHECKED = "cold-unchecked"  #: fields the engine applies itself: nothing checked
+
+
+def path_of(plan_: Plan) -> TurnPath:
+    if plan_.path is Path.REUSE:
+        return TurnPath.REUSE
+    if plan_.path is Path.PARTIAL:
+        return TurnPath.PARTIAL
+    if plan_.path is Path.RELEASE or plan_.reason is Reason.BAD_HANDLE:
+        return TurnPath.COLD_MISMATCH
+    if plan_.reason in (Reason.EXPIRED, Reason.STALE_ENGINE):
+        return TurnPath.COLD_EXPIRED
+    return TurnPath.COLD_MISS
+
+
+@dataclass
+class TurnRequest:
+    model: ModelConfig
+    model_name: str
+    key: ConversationKey | None
+    body: dict[str, Any]  # the client's body, conversation id removed
+    chat: bool
+    stream: bool
+    client_wants_ids: bool
+    request_id: str
+    turn: int | None  # chat: the number of user messages; completions: from the record
+    started: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)  # wall clock: fences DELETE races
+    trace: TurnTrace = NO_TRACE
+
+    @property
+    def engine_headers(self) -> dict[str, str]:
+        return {"X-Request-Id": self.request_id, **self.trace.headers()}
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+
+@dataclass
+class Prepared:
+    """The checked prompt and what to do with the conversation's stored handle."""
+
+    ids: list[int] | None
+    hashed: HashedTokens | None
+    record: Record | None
+    plan: Plan
+    path: TurnPath
+    # False when the prompt's ids do not determine its KV (images, audio, embeddings): what D
+    # holds at the end is then never stored for a later turn.
+    storable: bool = True
+    sent: bool = False  # the claimed handle (or its release) went to P
+
+    def spend_handle(self, path: TurnPath = TurnPath.COLD_ERROR) -> None:
+        """The claimed handle was used or lost: later attempts run cold."""
+        self.plan = Plan(Path.COLD, Reason.NO_RECORD)
+        self.path = path
+
+
+class Relay:
+    """A started stream: its first chunk, then the rest. ``aclose`` ends the turn's stream
+    (its lease, connection and span) even when iteration never began, which a generator
+    that never started cannot do."""
+
+    def __init__(self, first: bytes, rest: AsyncGenerator[bytes, None]) -> None:
+        self._first: bytes | None = first
+        self._rest = rest
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await anext(self._rest)
+
+    async def aclose(self) -> None:
+        self._first = None
+        await self._rest.aclose()
+
+
+@dataclass
+class TurnOutcome:
+    path: TurnPath
+    body: bytes | None = None
+    chunks: Relay | None = None

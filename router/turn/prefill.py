@@ -1,0 +1,137 @@
+"""The P leg: one token computed (or pulled from D with the handle), P's dict for D."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
+from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from router.policy import pick_prefill
+from router.pool import Instance
+from router.turn.commit import release_replaced
+from router.turn.model import Prepared, TurnPath, TurnRequest
+from router.turn.services import TurnServices
+from state import StoreUnavailable
+
+__all__ = ["run_prefill"]
+
+# Fields the P leg must not carry: it generates exactly one token and never streams.
+_PREFILL_DROP = (
+    "max_completion_tokens",
+    "min_tokens",
+    "min_completion_tokens",
+    "stream_options",
+    "return_token_ids",
+    "logprobs",
+    "top_logprobs",
+    "n",
+)
+
+
+def prefill_body(req: TurnRequest, ids: list[int] | None, kv: dict[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in req.body.items() if k not in _PREFILL_DROP}
+    body["model"] = req.model_name
+    body["max_tokens"] = 1
+    body["stream"] = False
+    kv = dict(kv)
+    if ids is not None:
+        if req.chat:
+            kv["prompt_token_ids"] = ids  # P runs exactly the checked ids (docs/request-fields.md)
+        else:
+            body["prompt"] = ids
+    body["kv_transfer_params"] = kv
+    return body
+
+
+async def run_prefill(
+    svc: TurnServices, req: TurnRequest, prepared: Prepared
+) -> tuple[Instance | None, dict[str, Any] | None]:
+    """Run the P leg; ``(None, None)`` when no P could serve it (D then runs alone)."""
+    tried: set[Instance] = set()
+    affinity = prepared.record.prefill if prepared.record is not None else None
+    with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
+        for _ in range(3):
+            instance = pick_prefill(
+                svc.pool.available(req.model, "prefill", tried),
+                affinity,
+                svc.config.affinity_slack,
+                svc.rng,
+            )
+            if instance is None:
+                return await _no_prefill(svc, req, prepared)
+            with_handle = prepared.plan.attaches_handle
+            kv = (
+                prepared.plan.handle
+                if prepared.plan.handle is not None
+                else {"do_remote_decode": True}
+            )
+            body = prefill_body(req, prepared.ids, kv)
+            if with_handle:
+                prepared.spend_handle(prepared.path)  # sent once, whatever happens next
+                prepared.sent = True
+            with svc.pool.lease(instance) as lease:
+                try:
+                    answer = await svc.upstream.post_json(
+                        f"{instance.url}{req.path}",
+                        body,
+                        timeout=svc.config.timeouts.prefill,
+                        headers=req.engine_headers,
+                    )
+                except UpstreamError as exc:
+                    if is_client_fault(exc):
+                        if with_handle:
+                            # P refused the request before running it: the handle was never
+                            # read, and the claimed record is gone.
+                            svc.release_later(req, kv, ReleaseCause.PREFILL_REFUSED)
+                        raise
+                    if with_handle and isinstance(exc, EngineFailed) and exc.upstream_status == 500:
+                        # A stale or expired handle: vLLM answers a fast 500. Not the
+                        # instance's fault (no verdict); retry cold, never with the handle.
+                        svc.metrics.retries.labels(RetryCause.PREFILL_HANDLE_REJECTED).inc()
+                        prepared.path = TurnPath.COLD_ERROR
+                        continue
+                    lease.failed(exc)
+                    svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
+                    if with_handle:
+                        prepared.path = TurnPath.COLD_ERROR
+                    tried.add(instance)
+                    continue
+                params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+                if not isinstance(params, dict) or not params.get("do_remote_prefill"):
+                    lease.failed(
+                        EngineFailed(
+                            f"prefill instance {instance.name} returned no P-node params: "
+                            "is it a kv_producer?"
+                        )
+                    )
+                    tried.add(instance)
+                    continue
+                lease.succeeded()
+                return instance, params
+        return await _no_prefill(svc, req, prepared)
+
+
+async def _no_prefill(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> tuple[None, None]:
+    """No P could serve: D runs alone, or the turn is refused at once (config)."""
+    unsent = prepared.plan.attaches_handle
+    if unsent:
+        prepared.spend_handle()
+    if req.model.when_prefill_down == "fail":
+        if unsent and prepared.record is not None and req.key is not None:
+            # Never sent: put it back, so the client's retry still reuses D's blocks.
+            try:
+                put_back = await svc.store.commit(
+                    req.key, prepared.record, now=time.time(), started_at=req.started_at
+                )
+                if not put_back.written:  # a later turn is stored: this one is dead
+                    svc.release_later(req, prepared.record.handle, ReleaseCause.SUPERSEDED)
+                release_replaced(svc, req, put_back.replaced)
+            except StoreUnavailable:
+                svc.metrics.store_errors.labels("commit").inc()
+                svc.metrics.left_to_expire.labels(LeftToExpire.COMMIT_OUTCOME_UNKNOWN).inc()
+        raise EngineUnavailable(f"no healthy prefill instance for {req.model_name}")
+    if unsent:
+        # D serves alone; a release goes through a P, and there is none.
+        svc.metrics.left_to_expire.labels(LeftToExpire.NO_PREFILL).inc()
+    return None, None

@@ -1,0 +1,138 @@
+"""Render, claim, plan: the prompt ids, the conversation's record, what to send P."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from router.fields import NON_TEXT_CONTENT, reuse_blockers
+from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from router.pool import Instance
+from router.render.backends import RenderFailed
+from router.turn.model import Prepared, TurnPath, TurnRequest, path_of
+from router.turn.services import TurnServices
+from state import (
+    HashedTokens,
+    Path,
+    Plan,
+    PlanSettings,
+    Reason,
+    Record,
+    StoreUnavailable,
+    chunk_size_for,
+    plan,
+)
+
+__all__ = ["prepare"]
+
+log = logging.getLogger("carryover.turn")
+
+_PROMPT_FIELD = frozenset({"prompt"})
+# Prompts whose ids do not determine their KV.
+_IDS_DO_NOT_DETERMINE_KV = frozenset({NON_TEXT_CONTENT, "mm_payload", "prompt_embeds"})
+
+
+async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
+    renders = svc.renderer(req.model).renders if req.chat else _PROMPT_FIELD
+    blockers = reuse_blockers(req.body, chat=req.chat, renders=renders)
+    if blockers:
+        return await _prepare_unchecked(svc, req, blockers)
+    ids = await _render(svc, req)
+    record: Record | None = None
+    store_failed = False
+    use_state = req.key is not None and req.model.reuse and ids is not None
+    if use_state:
+        record, store_failed = await _claim(svc, req)
+        if record is not None:
+            svc.metrics.handle_age.observe(max(0.0, time.time() - record.created_at))
+    hashed = None
+    if ids is not None and use_state:
+        chunk = record.prefix.chunk_size if record else chunk_size_for(req.model.block_size)
+        hashed = HashedTokens(ids, chunk)
+    decided = _plan(svc, req, record, hashed)
+    path = TurnPath.COLD_ERROR if (ids is None or store_failed) else path_of(decided)
+    if req.turn is None:
+        req.turn = record.turn + 1 if record is not None else 1
+    if decided.path is Path.RELEASE:
+        svc.metrics.releases.labels(str(decided.reason)).inc()
+    svc.metrics.turns.labels(req.model_name, path).inc()
+    if ids is not None:
+        svc.metrics.prompt_tokens.labels(req.model_name, "reused").inc(decided.reused_tokens)
+        svc.metrics.prompt_tokens.labels(req.model_name, "computed").inc(
+            len(ids) - decided.reused_tokens
+        )
+    return Prepared(ids, hashed, record, decided, path)
+
+
+async def _claim(svc: TurnServices, req: TurnRequest) -> tuple[Record | None, bool]:
+    """The record, taken out of the store; ``(None, True)`` when the store failed."""
+    assert req.key is not None
+    try:
+        with svc.leg(req, "claim"):
+            return await svc.store.claim(req.key), False
+    except StoreUnavailable as exc:
+        svc.metrics.store_errors.labels("claim").inc()
+        # The claim may still have taken the record: its handle is lost to everyone.
+        svc.metrics.left_to_expire.labels(LeftToExpire.CLAIM_OUTCOME_UNKNOWN).inc()
+        log.warning("store unavailable, turn served cold: %s", exc)
+        return None, True
+
+
+async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list[str]) -> Prepared:
+    """A turn with fields the engine must apply itself (router/fields.py): nothing is
+    rendered or checked, no handle attached; the stored one is taken and released."""
+    for name in blockers:
+        svc.metrics.unchecked.labels(name).inc()
+    record: Record | None = None
+    if req.key is not None and req.model.reuse:
+        record, _ = await _claim(svc, req)
+        if record is not None:
+            svc.release_later(req, record.handle, ReleaseCause.REUSE_DISABLED)
+    if req.turn is None:
+        req.turn = record.turn + 1 if record is not None else 1
+    path = TurnPath.COLD_UNCHECKED
+    svc.metrics.turns.labels(req.model_name, path).inc()
+    storable = not set(blockers) & _IDS_DO_NOT_DETERMINE_KV
+    return Prepared(None, None, None, Plan(Path.COLD, Reason.NO_RECORD), path, storable)
+
+
+def _plan(
+    svc: TurnServices, req: TurnRequest, record: Record | None, hashed: HashedTokens | None
+) -> Plan:
+    if record is None or hashed is None:
+        return Plan(Path.COLD, Reason.NO_RECORD)
+    now = time.time()
+    epoch = svc.pool.epoch_of(record.decode)
+    if not req.model.prefix_check:
+        # Measurement arm only: what happens without the check (counts wrong answers).
+        if record.expired(now) or epoch != record.decode_epoch:
+            return Plan(Path.COLD, Reason.EXPIRED)
+        tokens = int(record.handle.get("remote_num_tokens") or 0)
+        return Plan(Path.REUSE, None, record.handle, tokens)
+    settings = PlanSettings(
+        partial_reuse=req.model.partial_reuse,
+        recompute_threshold=req.model.kv_recompute_threshold,
+    )
+    return plan(record, hashed, now=now, decode_epoch=epoch, settings=settings)
+
+
+async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
+    """The prompt ids, or ``None`` when the backend is down (the turn then runs without
+    reuse: engines render themselves, nothing is checked, nothing is attached)."""
+    if not req.chat:
+        prompt = req.body.get("prompt")
+        if isinstance(prompt, list):
+            return prompt  # token ids are taken as they are
+    renderer = svc.renderer(req.model)
+    candidates: list[Instance | None] = [*svc.pool.available(req.model, "prefill")] or [None]
+    with svc.leg(req, "render"):
+        for attempt, instance in enumerate(candidates[:2]):
+            url = instance.url if instance is not None else None
+            try:
+                if req.chat:
+                    return await renderer.chat(req.body, req.model_name, url)
+                return await renderer.text(str(req.body.get("prompt")), req.model_name, url)
+            except RenderFailed as exc:
+                log.warning("render failed (attempt %d): %s", attempt + 1, exc)
+        svc.metrics.retries.labels(RetryCause.RENDER_FAILED).inc()
+        return None

@@ -1,0 +1,71 @@
+"""One conversation turn, end to end: prepare (render → claim → plan) → P leg → D leg →
+commit.
+
+Invariants kept here: a handle is attached only when the prefix check passed on the exact ids
+P and D run (they get them as ``prompt_token_ids``); a claimed handle goes to P at most once;
+a handle is released only when it is provably not stored (docs/handles.md); a store, render or
+engine failure costs reuse, never the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from router.config import ModelConfig, RouterConfig
+from router.metrics import RouterMetrics
+from router.outcomes import LeftToExpire, ReleaseCause
+from router.pool import InstancePool
+from router.render.backends import Renderer
+from router.turn.decode import complete, stream
+from router.turn.model import Relay, TurnOutcome, TurnRequest
+from router.turn.prepare import prepare
+from router.turn.services import TurnServices
+from router.upstream import Upstream
+from state import Store
+
+__all__ = ["TurnRunner"]
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        config: RouterConfig,
+        pool: InstancePool,
+        store: Store,
+        upstream: Upstream,
+        renderers: dict[int, Renderer],
+        metrics: RouterMetrics,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._svc = TurnServices(
+            config, pool, store, upstream, renderers, metrics, rng or random.Random()
+        )
+
+    async def run(self, req: TurnRequest) -> TurnOutcome:
+        svc = self._svc
+        prepared = await prepare(svc, req)
+        try:
+            if req.stream:
+                chunks = stream(svc, req, prepared)
+                first = await anext(chunks)  # P leg + D's first chunk: errors are HTTP errors
+                return TurnOutcome(prepared.path, chunks=Relay(first, chunks))
+            body = await complete(svc, req, prepared)
+        except asyncio.CancelledError:
+            # The client left. A claimed handle not yet sent to P is nobody's now; one that
+            # was sent may be under P's read, and is left to P and D's TTL.
+            if prepared.plan.handle is not None and prepared.record is not None:
+                svc.release_later(req, prepared.record.handle, ReleaseCause.CLIENT_GONE)
+            elif prepared.sent:
+                svc.metrics.left_to_expire.labels(LeftToExpire.SENT_THEN_CANCELLED).inc()
+            raise
+        return TurnOutcome(prepared.path, body=body)
+
+    async def release(self, model: ModelConfig, model_name: str, handle: dict[str, Any]) -> bool:
+        """Free D's blocks of ``handle`` now (DELETE of a conversation)."""
+        return await self._svc.release(model, model_name, handle)
+
+    async def drain_background(self) -> None:
+        if self._svc.background:
+            await asyncio.gather(*self._svc.background, return_exceptions=True)

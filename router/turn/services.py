@@ -1,0 +1,82 @@
+"""What every stage of a turn uses: the pool, the store, the engines, metrics; timing of legs
+and the release of handles."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from router.config import ModelConfig, RouterConfig
+from router.errors import UpstreamError
+from router.metrics import RouterMetrics
+from router.outcomes import ReleaseCause
+from router.policy import pick_prefill
+from router.pool import InstancePool
+from router.render.backends import Renderer
+from router.turn.model import TurnRequest
+from router.upstream import Upstream
+from state import Store, release_handle
+
+__all__ = ["TurnServices"]
+
+log = logging.getLogger("carryover.turn")
+
+
+@dataclass
+class TurnServices:
+    config: RouterConfig
+    pool: InstancePool
+    store: Store
+    upstream: Upstream
+    renderers: dict[int, Renderer]  # by id() of the ModelConfig
+    metrics: RouterMetrics
+    rng: random.Random = field(default_factory=random.Random)
+    background: set[asyncio.Task[bool]] = field(default_factory=set)
+
+    def renderer(self, model: ModelConfig) -> Renderer:
+        return self.renderers[id(model)]
+
+    @contextlib.contextmanager
+    def leg(self, req: TurnRequest, name: str, **attributes: Any) -> Iterator[None]:
+        """Time one step of the turn: the leg histogram, and a span when tracing is on."""
+        started = time.perf_counter()
+        try:
+            with req.trace.leg(name, **attributes):
+                yield
+        finally:
+            self.metrics.legs.labels(name).observe(time.perf_counter() - started)
+
+    def release_later(self, req: TurnRequest, handle: dict[str, Any], cause: ReleaseCause) -> None:
+        """Free D's pinned blocks now, without holding up the turn (docs/handles.md says
+        which handles may be released)."""
+        self.metrics.releases.labels(cause).inc()
+        task = asyncio.create_task(self.release(req.model, req.model_name, handle))
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def release(self, model: ModelConfig, model_name: str, handle: dict[str, Any]) -> bool:
+        """A one-token P request carrying the handle with ``remote_num_tokens: 0``: P
+        computes locally and D frees the blocks at once."""
+        instance = pick_prefill(self.pool.available(model, "prefill"), None, 0, self.rng)
+        if instance is None:
+            return False
+        body = {
+            "model": model_name,
+            "prompt": [0],
+            "max_tokens": 1,
+            "kv_transfer_params": release_handle(handle),
+        }
+        try:
+            await self.upstream.post_json(
+                f"{instance.url}/v1/completions", body, timeout=self.config.timeouts.prefill
+            )
+        except UpstreamError as exc:
+            log.info("release of a handle failed (D frees it at its TTL): %s", exc.message)
+            return False
+        return True
