@@ -20,7 +20,7 @@ __all__ = ["ARMS", "ArmResult", "run_arms"]
 ARMS: dict[str, list[str] | None] = {
     "carryover": [],
     "carryover-no-reuse": ["--no-reuse"],
-    "carryover-unchecked": ["--no-prefix-check"],
+    "carryover-unchecked": ["--planner", "bench.unchecked:plan_unchecked"],
     "colocated": None,
 }
 BASELINE = "carryover-no-reuse"

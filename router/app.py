@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import logging
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from router.pool import InstancePool
 from router.render.backends import make_renderer
 from router.tracing import Tracing
 from router.turn import TurnOutcome, TurnRequest, TurnRunner
+from router.turn.services import Planner
 from router.upstream import Upstream
 from state import (
     ConversationKey,
@@ -48,6 +50,7 @@ from state import (
     RedisStore,
     Store,
     StoreUnavailable,
+    plan,
 )
 
 __all__ = ["Services", "create_app"]
@@ -70,6 +73,7 @@ class Services:
     auth: Authenticator
     model_names: dict[int, str]
     tracing: Tracing
+    clock: Callable[[], float] = time.time
     in_flight: int = 0
     closing: bool = False
 
@@ -182,6 +186,7 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
         request_id=request_id,
         turn=turn,
         trace=trace,
+        started_at=services.clock(),
     )
     services.in_flight += 1
     services.metrics.in_flight.set(services.in_flight)
@@ -352,7 +357,7 @@ async def end_conversation(
     try:
         # Turns still running commit nothing after this (fenced for as long as one can run).
         record = await services.store.delete(
-            key, now=time.time(), fence=services.config.timeouts.request
+            key, now=services.clock(), fence=services.config.timeouts.request
         )
     except StoreUnavailable as exc:
         raise EngineUnavailable("conversation state is unavailable") from exc
@@ -383,7 +388,7 @@ async def inspect_conversation(
         raise EngineUnavailable("conversation state is unavailable") from exc
     if record is None:
         raise NotFound("no record for this conversation")
-    now = time.time()
+    now = services.clock()
     summary = {
         "id": conversation_id,
         "tenant": tenant,
@@ -423,8 +428,14 @@ def create_app(
     store: Store | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     seed: int | None = None,
+    clock: Callable[[], float] = time.time,
+    planner: Planner | None = None,
 ) -> Litestar:
-    """Build the router. ``store``/``transport`` replace the configured ones (tests, embedding)."""
+    """Build the router. The keyword arguments replace what the config would make: the store
+    (embedding, tests), the transport to the engines (in-process fakes), the wall clock
+    (records, expiry; tests drive it) and the planner (``state.plan``; the benchmark's
+    unchecked arm names its own in ``config.planner``)."""
+    chosen_planner = planner or (_import_planner(config.planner) if config.planner else plan)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -432,14 +443,22 @@ def create_app(
         backend: Store = store or (
             RedisStore.from_url(config.redis, timeout=config.store_timeout)
             if config.redis
-            else MemoryStore()
+            else MemoryStore(clock=clock)
         )
         upstream = Upstream(config.timeouts, transport)
         metrics_ = RouterMetrics()
         pool = InstancePool(config, upstream, backend, metrics_)
         renderers = {id(m): make_renderer(m.render, upstream) for m in config.models}
         runner = TurnRunner(
-            config, pool, backend, upstream, renderers, metrics_, random.Random(seed)
+            config,
+            pool,
+            backend,
+            upstream,
+            renderers,
+            metrics_,
+            random.Random(seed),
+            clock=clock,
+            planner=chosen_planner,
         )
         services = Services(
             config=config,
@@ -451,6 +470,7 @@ def create_app(
             auth=Authenticator(config.api_keys, config.admin_key),
             model_names={id(m): m.name for m in config.models if m.name is not None},
             tracing=Tracing.from_environment(),
+            clock=clock,
         )
         app.state.services = services
         await pool.start()
@@ -498,6 +518,13 @@ def create_app(
         request_max_body_size=config.max_body_bytes,
         logging_config=None,
     )
+
+
+def _import_planner(path: str) -> Planner:
+    """``module:function``, imported by name (the router never imports the benchmark)."""
+    module, _, name = path.partition(":")
+    found: Planner = getattr(importlib.import_module(module), name)
+    return found
 
 
 async def _discover_names(services: Services) -> None:

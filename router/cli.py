@@ -45,7 +45,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         choices=["decode-alone", "fail"],
         help="no prefill can serve: D computes alone (default) or 503 at once",
     )
-    p.add_argument("--no-prefix-check", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--planner", help=argparse.SUPPRESS)  # module:function (measurement only)
     p.add_argument("--expose-path-header", action="store_true")
     p.add_argument("--prefill-timeout", type=float)
     p.add_argument("--first-byte-timeout", type=float)
@@ -152,8 +152,6 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             model["partial_reuse"] = False
         if args.no_reuse:
             model["reuse"] = False
-        if args.no_prefix_check:
-            model["prefix_check"] = False
     router["models"] = models
     try:
         return msgspec.convert(router, RouterConfig)

@@ -83,7 +83,6 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         kv_recompute_threshold: P's ``kv_recompute_threshold`` (vLLM default 64).
         partial_reuse: reuse the blocks before a divergence (on by default).
         reuse: keep conversations' KV at all (off: a plain P/D router).
-        prefix_check: never off in production; off only to measure what the check prevents.
         when_prefill_down: with no prefill instance able to serve, ``"decode-alone"`` lets D
             compute the whole prompt (slower first token, still a handle for the next turn);
             ``"fail"`` answers 503 at once, for fleets where a D busy prefilling would hurt
@@ -100,7 +99,6 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kv_recompute_threshold: int = 64
     partial_reuse: bool = True
     reuse: bool = True
-    prefix_check: bool = True
     when_prefill_down: Literal["decode-alone", "fail"] = "decode-alone"
 
     @property
@@ -164,6 +162,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         affinity_slack: how much busier (in-flight requests) the last turn's P may be and still
             be preferred over the least loaded P.
         shutdown_grace: seconds in-flight streams get to finish on shutdown.
+        planner: ``module:function`` replacing ``state.plan`` (tests and the benchmark's
+            unchecked arm only; see ``router.turn.services.Planner``).
     """
 
     models: list[ModelConfig]
@@ -185,6 +185,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     affinity_slack: int = 4
     shutdown_grace: float = 30.0
     log_level: str = "info"
+    planner: str | None = None
 
     def __post_init__(self) -> None:
         if not self.models:

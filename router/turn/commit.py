@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
 from router.pool import Instance, streams_handles
@@ -68,7 +67,7 @@ async def commit(
         sequence = hashed.extended(output.output_ids)
     else:
         sequence = HashedTokens([*ids, *output.output_ids], chunk)
-    now = time.time()
+    now = svc.clock()
     record = Record(
         turn=req.turn or 1,
         handle=handle,

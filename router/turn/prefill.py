@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
@@ -122,7 +121,7 @@ async def _no_prefill(svc: TurnServices, req: TurnRequest, prepared: Prepared) -
             # Never sent: put it back, so the client's retry still reuses D's blocks.
             try:
                 put_back = await svc.store.commit(
-                    req.key, prepared.record, now=time.time(), started_at=req.started_at
+                    req.key, prepared.record, now=svc.clock(), started_at=req.started_at
                 )
                 if not put_back.written:  # a later turn is stored: this one is dead
                     svc.release_later(req, prepared.record.handle, ReleaseCause.SUPERSEDED)

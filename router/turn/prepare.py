@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from router.fields import NON_TEXT_CONTENT, reuse_blockers
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
@@ -20,7 +19,6 @@ from state import (
     Record,
     StoreUnavailable,
     chunk_size_for,
-    plan,
 )
 
 __all__ = ["prepare"]
@@ -44,7 +42,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
     if use_state:
         record, store_failed = await _claim(svc, req)
         if record is not None:
-            svc.metrics.handle_age.observe(max(0.0, time.time() - record.created_at))
+            svc.metrics.handle_age.observe(max(0.0, svc.clock() - record.created_at))
     hashed = None
     if ids is not None and use_state:
         chunk = record.prefix.chunk_size if record else chunk_size_for(req.model.block_size)
@@ -101,19 +99,12 @@ def _plan(
 ) -> Plan:
     if record is None or hashed is None:
         return Plan(Path.COLD, Reason.NO_RECORD)
-    now = time.time()
-    epoch = svc.pool.epoch_of(record.decode)
-    if not req.model.prefix_check:
-        # Measurement arm only: what happens without the check (counts wrong answers).
-        if record.expired(now) or epoch != record.decode_epoch:
-            return Plan(Path.COLD, Reason.EXPIRED)
-        tokens = int(record.handle.get("remote_num_tokens") or 0)
-        return Plan(Path.REUSE, None, record.handle, tokens)
     settings = PlanSettings(
         partial_reuse=req.model.partial_reuse,
         recompute_threshold=req.model.kv_recompute_threshold,
     )
-    return plan(record, hashed, now=now, decode_epoch=epoch, settings=settings)
+    epoch = svc.pool.epoch_of(record.decode)
+    return svc.planner(record, hashed, now=svc.clock(), decode_epoch=epoch, settings=settings)
 
 
 async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 from router.config import ModelConfig, RouterConfig
@@ -21,9 +23,9 @@ from router.render.backends import Renderer
 from router.turn.decode import complete, stream
 from router.turn.model import Relay, TurnOutcome, TurnRequest
 from router.turn.prepare import prepare
-from router.turn.services import TurnServices
+from router.turn.services import Planner, TurnServices
 from router.upstream import Upstream
-from state import Store
+from state import Store, plan
 
 __all__ = ["TurnRunner"]
 
@@ -38,9 +40,20 @@ class TurnRunner:
         renderers: dict[int, Renderer],
         metrics: RouterMetrics,
         rng: random.Random | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        planner: Planner = plan,
     ) -> None:
         self._svc = TurnServices(
-            config, pool, store, upstream, renderers, metrics, rng or random.Random()
+            config,
+            pool,
+            store,
+            upstream,
+            renderers,
+            metrics,
+            rng or random.Random(),
+            clock=clock,
+            planner=planner,
         )
 
     async def run(self, req: TurnRequest) -> TurnOutcome:

@@ -8,9 +8,9 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from router.config import ModelConfig, RouterConfig
 from router.errors import UpstreamError
@@ -21,11 +21,25 @@ from router.pool import InstancePool
 from router.render.backends import Renderer
 from router.turn.model import TurnRequest
 from router.upstream import Upstream
-from state import Store, release_handle
+from state import HashedTokens, Plan, PlanSettings, Record, Store, plan, release_handle
 
-__all__ = ["TurnServices"]
+__all__ = ["Planner", "TurnServices"]
 
 log = logging.getLogger("carryover.turn")
+
+
+class Planner(Protocol):
+    """``state.plan``'s signature: a claimed record and the prompt in, what to send P out."""
+
+    def __call__(
+        self,
+        record: Record | None,
+        prompt: Sequence[int] | HashedTokens,
+        *,
+        now: float,
+        decode_epoch: int | None,
+        settings: PlanSettings,
+    ) -> Plan: ...
 
 
 @dataclass
@@ -37,6 +51,8 @@ class TurnServices:
     renderers: dict[int, Renderer]  # by id() of the ModelConfig
     metrics: RouterMetrics
     rng: random.Random = field(default_factory=random.Random)
+    clock: Callable[[], float] = time.time  # wall clock: records, expiry, DELETE fences
+    planner: Planner = plan
     background: set[asyncio.Task[bool]] = field(default_factory=set)
 
     def renderer(self, model: ModelConfig) -> Renderer:
