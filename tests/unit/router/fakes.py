@@ -1,0 +1,175 @@
+"""Fake P and D engines on the router's transport seam: in process, no sockets, no sleeps.
+
+They speak the part of vLLM's HTTP surface the router uses, with the semantics that matter to
+a turn: P answers a one-token request with P-node params (pulling from D when given a live D
+handle, freeing it when given ``remote_num_tokens: 0``); D answers with the prompt ids it ran,
+its output ids and a fresh single-use handle. Every request is recorded; faults are set per
+engine. Text becomes ids one character at a time, so a history's ids extend the last turn's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+MODEL = "fake-model"
+ANSWER = "fine, thanks"
+
+
+def encode(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def render(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    text = "".join(f"<{m['role']}>{m.get('content') or ''}</>" for m in messages)
+    return encode(text + ("<assistant>" if add_generation_prompt else ""))
+
+
+@dataclass
+class Handle:
+    tokens: int
+    used: bool = False
+
+
+@dataclass
+class FakeEngine:
+    role: str  # "prefill" | "decode"
+    host: str
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    fail_next: list[int] = field(default_factory=list)  # statuses for the next requests
+    hang: asyncio.Event | None = None  # generation waits until it is set
+    holds: dict[str, Handle] = field(default_factory=dict)  # D: pinned handles
+    reads: list[str] = field(default_factory=list)  # P: handles it pulled
+    releases: list[str] = field(default_factory=list)  # P: handles it released
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}"
+
+
+class FakeFleet(httpx.AsyncBaseTransport):
+    """Routes each request to the engine named by its host."""
+
+    def __init__(self, *engines: FakeEngine) -> None:
+        self.engines = {e.host: e for e in engines}
+        self._ids = itertools.count(1)
+
+    def decode_of(self, handle: dict[str, Any]) -> FakeEngine:
+        return self.engines[str(handle["remote_host"])]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        engine = self.engines.get(request.url.netloc.decode())
+        if engine is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        path = request.url.path
+        if request.method == "GET":
+            return self._get(path)
+        body = json.loads(await request.aread())
+        if path == "/tokenize":
+            ids = render(body["messages"]) if "messages" in body else encode(body["prompt"])
+            return httpx.Response(200, json={"tokens": ids})
+        engine.requests.append(body)
+        if engine.fail_next:
+            status = engine.fail_next.pop(0)
+            return httpx.Response(status, json={"error": {"message": "injected", "code": status}})
+        if engine.hang is not None:
+            await engine.hang.wait()
+        if engine.role == "prefill":
+            return self._prefill(engine, body)
+        return self._decode(engine, body, chat=path.endswith("chat/completions"))
+
+    def _get(self, path: str) -> httpx.Response:
+        if path == "/metrics":
+            return httpx.Response(200, text="process_start_time_seconds 1.0\n")
+        if path == "/version":
+            return httpx.Response(200, json={"version": "0.33.0"})
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": MODEL}]})
+        return httpx.Response(200, json={})
+
+    def _prefill(self, engine: FakeEngine, body: dict[str, Any]) -> httpx.Response:
+        kv = body.get("kv_transfer_params") or {}
+        prompt = kv.get("prompt_token_ids") or body.get("prompt")
+        if kv.get("do_remote_decode") and kv.get("remote_block_ids"):
+            holder = self.decode_of(kv)
+            handle = holder.holds.get(kv["remote_request_id"])
+            if kv.get("remote_num_tokens", 0) == 0:
+                engine.releases.append(kv["remote_request_id"])
+                holder.holds.pop(kv["remote_request_id"], None)
+            elif handle is None or handle.used:
+                return httpx.Response(500, json={"error": {"message": "Internal server error"}})
+            else:
+                handle.used = True
+                holder.holds.pop(kv["remote_request_id"])
+                engine.reads.append(kv["remote_request_id"])
+        params = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": engine.host,
+            "remote_request_id": f"p-{next(self._ids)}",
+            "remote_host": engine.host,
+            "remote_port": 1,
+            "remote_block_ids": [[0]],
+            "remote_num_tokens": len(prompt or []),
+        }
+        return httpx.Response(200, json={"choices": [{"index": 0}], "kv_transfer_params": params})
+
+    def _decode(self, engine: FakeEngine, body: dict[str, Any], *, chat: bool) -> httpx.Response:
+        kv = body.get("kv_transfer_params") or {}
+        prompt = kv.get("prompt_token_ids") or body.get("prompt")
+        if not isinstance(prompt, list):
+            prompt = render(body["messages"]) if chat else encode(str(prompt))
+        output = encode(ANSWER)
+        request_id = f"d-{next(self._ids)}"
+        tokens = len(prompt) + len(output) - 1
+        engine.holds[request_id] = Handle(tokens)
+        handle = {
+            "do_remote_prefill": False,
+            "do_remote_decode": True,
+            "remote_engine_id": engine.host,
+            "remote_request_id": request_id,
+            "remote_host": engine.host,
+            "remote_port": 1,
+            "remote_block_ids": [list(range(-(-tokens // 16)))],
+            "remote_num_tokens": tokens,
+        }
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "token_ids": output}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": ANSWER}
+        else:
+            choice["text"] = ANSWER
+        if not body.get("stream"):
+            answer = {"choices": [choice], "prompt_token_ids": prompt, "kv_transfer_params": handle}
+            return httpx.Response(200, json=answer)
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            stream=_SSE(
+                [
+                    {
+                        "choices": [{"index": 0, "delta": {"content": ""}}],
+                        "prompt_token_ids": prompt,
+                    },
+                    {
+                        "choices": [{**choice, "delta": {"content": ANSWER}}],
+                        "kv_transfer_params": handle,
+                    },
+                ]
+            ),
+        )
+
+
+class _SSE(httpx.AsyncByteStream):
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self._events = events
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for event in self._events:
+            yield f"data: {json.dumps(event)}\n\n".encode()
+        yield b"data: [DONE]\n\n"

@@ -1,0 +1,123 @@
+"""The turn in process: the real app and turn logic, fake engines on the transport seam, the
+in-process store and a clock the test drives. Fast, and exact about what each engine got."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from router.app import create_app
+from router.cli import load_config
+from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet
+
+
+@dataclass
+class Rig:
+    client: AsyncTestClient[Any]
+    p: FakeEngine
+    d: FakeEngine
+    now: list[float]
+
+    async def chat(
+        self, messages: list[dict[str, Any]], conversation: str = "c1", **extra: Any
+    ) -> tuple[int, str | None, dict[str, Any]]:
+        body = {"messages": messages, "conversation_id": conversation, **extra}
+        r = await self.client.post("/v1/chat/completions", json=body)
+        return r.status_code, r.headers.get("x-carryover-path"), r.json()
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
+    config = load_config(
+        ["--prefill", p.url, "--decode", d.url, "--expose-path-header", "--health-interval", "60"],
+        environ={},
+    )
+    now = [1_000_000.0]
+    app = create_app(config, transport=FakeFleet(p, d), clock=lambda: now[0], seed=0)
+    async with AsyncTestClient(app=app) as client:
+        yield Rig(client, p, d, now)
+
+
+def history(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for i in range(turns):
+        if messages:
+            messages.append({"role": "assistant", "content": ANSWER})
+        messages.append({"role": "user", "content": f"question {i}: " + "x" * 80})
+    return messages
+
+
+def handles_sent_to_p(p: FakeEngine) -> list[str]:
+    return [
+        r["kv_transfer_params"]["remote_request_id"]
+        for r in p.requests
+        if r["kv_transfer_params"].get("do_remote_decode")
+        and r["kv_transfer_params"].get("remote_block_ids")
+    ]
+
+
+async def test_a_handle_is_read_once_and_the_client_sees_nothing_internal(rig: Rig) -> None:
+    status, path, body = await rig.chat(history(1))
+    assert (status, path) == (200, "cold-miss")
+    assert not {"kv_transfer_params", "prompt_token_ids"} & body.keys()
+    assert "token_ids" not in body["choices"][0]
+    (first,) = rig.d.holds
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "reuse")
+    assert rig.p.reads == [first] and handles_sent_to_p(rig.p) == [first]
+    # P and D ran exactly the checked ids.
+    p_ids = rig.p.requests[-1]["kv_transfer_params"]["prompt_token_ids"]
+    d_ids = rig.d.requests[-1]["kv_transfer_params"]["prompt_token_ids"]
+    assert p_ids == d_ids
+
+
+async def test_an_expired_record_is_never_sent(rig: Rig) -> None:
+    await rig.chat(history(1))
+    rig.now[0] += 480 - 5 - 25  # the record's lifetime, on the router's clock
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "cold-miss")
+    assert handles_sent_to_p(rig.p) == []
+
+
+async def test_a_refused_handle_is_retried_cold_and_never_sent_again(rig: Rig) -> None:
+    await rig.chat(history(1))
+    rig.d.holds.clear()  # D let it go (its TTL): P answers the read with a 500
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "cold-error")
+    assert len(handles_sent_to_p(rig.p)) == 1
+    metrics = (await rig.client.get("/metrics")).text
+    assert 'carryover_retries_total{cause="prefill_handle_rejected"} 1.0' in metrics
+
+
+async def test_a_failed_decode_runs_again_with_a_fresh_cold_prefill(rig: Rig) -> None:
+    await rig.chat(history(1))
+    rig.d.fail_next = [500]
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "cold-error")
+    assert len(rig.d.requests) == 3  # turn 1, the failed attempt, the retry
+    assert len(handles_sent_to_p(rig.p)) == 1  # the retry's P leg ran cold
+
+
+async def test_a_streamed_turn_is_stripped_and_stored(rig: Rig) -> None:
+    body = {"messages": history(1), "conversation_id": "c1", "stream": True}
+    async with rig.client.stream("POST", "/v1/chat/completions", json=body) as r:
+        events = [line[6:] async for line in r.aiter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    for event in events[:-1]:
+        chunk = json.loads(event)
+        assert not {"kv_transfer_params", "prompt_token_ids"} & chunk.keys()
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "reuse")
+
+
+async def test_the_conversation_of_another_tenant_or_model_is_not_reached(rig: Rig) -> None:
+    await rig.chat(history(1), conversation="mine")
+    status, path, _ = await rig.chat(history(2), conversation="other")
+    assert (status, path) == (200, "cold-miss")
+    assert handles_sent_to_p(rig.p) == []
