@@ -387,7 +387,7 @@ class InstancePool:
 
 
 def streams_handles(version: str) -> bool:
-    """vLLM returns D's handle on streamed responses from 0.33.0 on (§1.1)."""
+    """vLLM returns D's handle on streamed responses from 0.33.0 on (docs/vllm-protocol.md §2)."""
     try:
         major, minor = (int(part) for part in version.split(".")[:2])
     except ValueError:

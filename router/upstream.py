@@ -1,7 +1,7 @@
 """Calls to engines: httpx requests on the aiohttp transport, errors mapped once.
 
 Plain httpx measured 3-5x slower than this transport on the reference machine
-(``reference/env.md`` §2). The transport is called directly: the client's redirect, auth and
+(measured with a client microbenchmark on a 2-core machine). The transport is called directly: the client's redirect, auth and
 cookie layers cost about 100 µs a call and do nothing for engine calls.
 """
 

@@ -1,6 +1,6 @@
 """Token-prefix logic: the one place where "may this handle be reused for this prompt" is decided.
 
-Pure and I/O-free. Facts it rests on (``reference/vllm-protocol.md`` §3, ``bidir-cpu.md`` §Q2-Q4):
+Pure and I/O-free. Facts it rests on (``docs/vllm-protocol.md`` §1, §3):
 
 * P trusts that its new prompt N starts with D's sequence S_D up to ``remote_num_tokens`` (R) and
   loads the *last* blocks of D's list for the tokens it lacks (end-trim). Reuse is therefore

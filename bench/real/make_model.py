@@ -4,7 +4,7 @@ Run with the vLLM environment's python (it needs torch and safetensors):
 ``<vllm env>/bin/python bench/real/make_model.py OUT_DIR TOKENIZER_DIR``.
 
 ``--load-format dummy`` is useless for correctness tests: its weights are so small that every
-logprob is ln(1/vocab) and greedy output ignores the prompt (``reference/bidir-cpu.md`` §1).
+logprob is ln(1/vocab) and greedy output ignores the prompt (``docs/vllm-protocol.md`` §7).
 These weights follow the recipe that worked there: N(0, 1) embeddings, linear layers
 N(0, 1/fan_in) with o_proj x3 and down_proj x2, q_norm weight 2.5, untied lm_head.
 """

@@ -1,7 +1,7 @@
 """One simulated vLLM engine: scheduler, KV pool, and the NIXL P/D semantics of vLLM 0.33.
 
-Every rule here follows ``reference/vllm-protocol.md`` (section numbers in comments) and what
-the CPU build did in ``reference/bidir-cpu.md`` (question numbers).
+Every rule here follows ``docs/vllm-protocol.md`` (section numbers in comments), including what the CPU
+build did.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ __all__ = ["EngineError", "Finished", "GenerationRequest", "SimEngine", "Token"]
 
 log = logging.getLogger("carryover.sim")
 
-# vLLM declines a D->P read this close to D's deadline (pull_worker.py:31-33, §1.9).
+# vLLM declines a D->P read this close to D's deadline (docs/vllm-protocol.md §4).
 EXPIRY_SAFETY_MARGIN = 5.0
 _SIDE_CHANNEL_TIMEOUT = 5.0
 
@@ -243,17 +243,17 @@ class SimEngine:
             await self._load_from_prefill(seq, kv)
 
     async def _pull_from_decode(self, seq: _Sequence, handle: dict[str, Any]) -> None:
-        """Turn N+1 on P with D's handle (§1.7, §3): pull what P lacks, end-trim aligned."""
+        """Turn N+1 on P with D's handle (§3): pull what P lacks, end-trim aligned."""
         prompt = seq.request.prompt
         size = self.config.block_size
         if not self.config.bidirectional:
-            # Flag on D only: vLLM reports external tokens but registers no receive (§1.9).
+            # Flag on D only: vLLM reports external tokens but registers no receive (§4).
             await asyncio.Event().wait()
         remote_tokens = int(handle.get("remote_num_tokens") or 0)
         count = min(remote_tokens, len(prompt)) - seq.computed
         threshold = self.config.extra.kv_recompute_threshold
         if count <= 0 or (threshold > 0 and count < threshold):
-            # Nothing pulled: P only notifies D, which frees the blocks (bidir-cpu Q4).
+            # Nothing pulled: P only notifies D, which frees the blocks (§3).
             if count > 0:
                 log.debug("Skipping remote pull: %d remote tokens < threshold %d", count, threshold)
             await self._notify(handle)
@@ -263,7 +263,7 @@ class SimEngine:
         await self._read_into(seq, handle, remote_ids, new_blocks, count, from_decode=True)
 
     async def _load_from_prefill(self, seq: _Sequence, params: dict[str, Any]) -> None:
-        """D loading the prompt P computed (§1.5)."""
+        """D loading the prompt P computed (§1)."""
         prompt = seq.request.prompt
         size = self.config.block_size
         count = len(prompt) - seq.computed
@@ -304,7 +304,7 @@ class SimEngine:
             if self.config.failure_policy == "recompute":
                 if from_decode:
                     # vLLM 0.32 on P: the request waits for a receive that never comes and its
-                    # blocks are never freed (bidir-cpu "Extra"). Reproduced on purpose.
+                    # blocks are never freed (§4). Reproduced on purpose.
                     await asyncio.Event().wait()
                 self.pool.release(blocks)
                 return  # D recomputes locally
@@ -364,7 +364,7 @@ class SimEngine:
             raise SideChannelError("bad_request", "invalid block ids")
         contents = [self.pool.content[b] for b in block_ids]
         if not self._drop_hold(request_id):
-            # vLLM reads anyway and only logs it (bidir-cpu Q5): a reused block gives wrong KV.
+            # vLLM reads anyway and only logs it (§4): a reused block gives wrong KV.
             log.error(
                 "Potentially invalid KV blocks for unrecognized request %s were retrieved by a "
                 "remote worker. They may have expired.",
@@ -430,7 +430,7 @@ class SimEngine:
             seq.blocks += self.pool.allocate(missing)
         computed = len(prompt) - seq.computed
         self.pool.compute(seq.blocks, prompt, seq.computed, len(prompt))
-        # Pulled and loaded blocks are cached under this prompt's token hashes (§1.9).
+        # Pulled and loaded blocks are cached under this prompt's token hashes (§3).
         self.pool.cache(seq.blocks, token_hashes(prompt, size))
         self.metrics.prompt_sources(computed, seq.cached, seq.external)
         fingerprint = self.pool.fingerprint(seq.blocks, len(prompt))
@@ -471,7 +471,7 @@ class SimEngine:
     def _finish(
         self, seq: _Sequence, reason: str, stop_reason: str | None, *, handle_allowed: bool
     ) -> None:
-        """End a request. Only EOS/stop-token and length endings return params (§1.6): a stop
+        """End a request. Only EOS/stop-token and length endings return params (§1): a stop
         *string* is an abort inside vLLM, so it frees the blocks and returns none (Q7)."""
         seq.finished = True
         self._running.remove(seq)
@@ -488,7 +488,7 @@ class SimEngine:
         seq.events.put_nowait(Finished(reason, stop_reason, params, seq.cached + seq.external))
 
     def _lease_for_decode(self, seq: _Sequence) -> dict[str, Any]:
-        """P-node dict (§1.4): P holds the prompt's blocks until D reads them or the lease ends."""
+        """P-node dict (§1): P holds the prompt's blocks until D reads them or the lease ends."""
         prompt = seq.request.prompt
         keep = _cdiv(len(prompt), self.config.block_size)
         held, extra = seq.blocks[:keep], seq.blocks[keep:]
@@ -502,7 +502,7 @@ class SimEngine:
         return params
 
     def _pin_for_next_turn(self, seq: _Sequence) -> dict[str, Any]:
-        """D-node dict (§1.6): D pins prompt + output - 1 tokens for ``decoder_kv_blocks_ttl``."""
+        """D-node dict (§1): D pins prompt + output - 1 tokens for ``decoder_kv_blocks_ttl``."""
         request = seq.request
         tokens = request.prompt + seq.output
         kept_tokens = len(tokens) - 1  # the last sampled token was never run
@@ -534,7 +534,7 @@ class SimEngine:
             "remote_num_tokens": tokens,
             "remote_blocks_expiry_time": expiry,
         }
-        if self.config.streams_handles:  # 0.33.0 added the generation field (§1.4)
+        if self.config.streams_handles:  # 0.33.0 added the generation field (§1)
             params["remote_registration_generation"] = 0
         params["transfer_mode"] = "pull"
         return params

@@ -1,4 +1,4 @@
-"""vLLM's own metric names for a simulated instance (``reference/vllm-protocol.md`` §5)."""
+"""vLLM's own metric names for a simulated instance (``docs/vllm-protocol.md`` §6)."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ class SimServer:
         return str(model)
 
     def _prompt_ids_from_params(self, kv: dict[str, Any] | None) -> list[int] | None:
-        """``kv_transfer_params.prompt_token_ids`` replaces rendering (§1.8)."""
+        """``kv_transfer_params.prompt_token_ids`` replaces rendering (docs/vllm-protocol.md §5)."""
         if not kv or "prompt_token_ids" not in kv:
             return None
         ids = kv.pop("prompt_token_ids")
@@ -500,7 +500,7 @@ class SimServer:
         return _ok({"prompt": self.template.decode(tokens, skip_special_tokens=False)})
 
     async def render(self, request: web.Request) -> web.Response:
-        """``/v1/chat/completions/render``: a GenerateRequest with the prompt ids (§4.2)."""
+        """``/v1/chat/completions/render``: a GenerateRequest with the prompt ids (vLLM's render server)."""
         try:
             body = await self._body(request)
             model = self._check_model(body)

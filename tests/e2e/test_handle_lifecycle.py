@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
-from tests.support.stack import Stack, chat_turn, reference_chat, stack
+from tests.support.stack import Stack, chat_turn, first_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
 TEXT = "Turn {i}: a walk along the old canal, the locks, the barges and the lock keepers. "
@@ -116,14 +116,7 @@ async def test_a_decode_restart_is_one_epoch_for_every_router(
 
 async def test_a_prefill_4xx_after_the_handle_was_sent_releases_it(tmp_path: Path) -> None:
     async with stack(tmp_path, sim={"threshold": 16}) as s:
-        conversation = uuid.uuid4().hex
-        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
-        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
-        assert first.path == "cold-miss", first.raw
-        messages += [
-            {"role": "assistant", "content": first.content},
-            {"role": "user", "content": TEXT.format(i=2)},
-        ]
+        conversation, messages = await first_turn(s, TEXT.format(i=1) * 3, TEXT.format(i=2))
         # A field only the engine validates: P refuses the request that carries the handle.
         refused = await chat_turn(
             s.client, s.router.url, messages, conversation_id=conversation, stop=5
@@ -136,14 +129,7 @@ async def test_a_prefill_4xx_after_the_handle_was_sent_releases_it(tmp_path: Pat
 
 async def test_a_client_leaving_while_p_holds_the_handle_is_counted(tmp_path: Path) -> None:
     async with stack(tmp_path, sim={"threshold": 16}) as s:
-        conversation = uuid.uuid4().hex
-        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
-        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
-        assert first.path == "cold-miss", first.raw
-        messages += [
-            {"role": "assistant", "content": first.content},
-            {"role": "user", "content": TEXT.format(i=2)},
-        ]
+        conversation, messages = await first_turn(s, TEXT.format(i=1) * 3, TEXT.format(i=2))
         await s.client.post(s.prefill[0].url + "/sim/faults", json={"hang": True})
         body = {"model": "sim-qwen3", "messages": messages, "conversation_id": conversation}
         with pytest.raises(httpx.ReadTimeout):
@@ -162,14 +148,7 @@ async def test_a_client_leaving_while_p_holds_the_handle_is_counted(tmp_path: Pa
 
 async def test_delete_during_a_turn_leaves_no_record_and_no_pin(tmp_path: Path) -> None:
     async with stack(tmp_path, sim={"threshold": 16}) as s:
-        conversation = uuid.uuid4().hex
-        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
-        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
-        assert first.path == "cold-miss", first.raw
-        messages += [
-            {"role": "assistant", "content": first.content},
-            {"role": "user", "content": TEXT.format(i=2)},
-        ]
+        conversation, messages = await first_turn(s, TEXT.format(i=1) * 3, TEXT.format(i=2))
         # Turn 2 is held at D while the client ends the conversation.
         await s.client.post(s.decode[0].url + "/sim/faults", json={"hang": True})
         second = asyncio.create_task(

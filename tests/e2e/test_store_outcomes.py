@@ -4,13 +4,11 @@ stored and never will be (a frozen redis-server, the simulator's single-use hand
 from __future__ import annotations
 
 import asyncio
-import uuid
 from pathlib import Path
-from typing import Any
 
 from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
-from tests.support.stack import chat_turn, reference_chat, stack
+from tests.support.stack import chat_turn, first_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
 TEXT = "Turn {i}: the tide tables of a long northern coast, read aloud slowly and in full. "
@@ -28,14 +26,7 @@ async def test_a_commit_that_times_out_is_not_followed_by_a_release(
     p_sim = {"enable_prefix_caching": False}  # every pull is from D, nothing from P's cache
     async with stack(tmp_path, router_flags=flags, sim=sim, p_sim=p_sim) as s:
         p, d = s.prefill[0], s.decode[0]
-        conversation = uuid.uuid4().hex
-        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
-        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
-        assert first.path == "cold-miss", first.raw
-        messages += [
-            {"role": "assistant", "content": first.content},
-            {"role": "user", "content": TEXT.format(i=2) * 3},
-        ]
+        conversation, messages = await first_turn(s, TEXT.format(i=1) * 3, TEXT.format(i=2) * 3)
 
         async def p_requests() -> float:
             return (await ascrape(s.client, p.url)).get("vllm:request_success_total:sum", 0.0)
@@ -75,14 +66,7 @@ async def test_a_claim_that_times_out_is_counted_and_served_cold(
 ) -> None:
     flags = ("--redis", own_redis.url, "--store-timeout", "0.5")
     async with stack(tmp_path, router_flags=flags, sim={"threshold": 16}) as s:
-        conversation = uuid.uuid4().hex
-        messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
-        first = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
-        assert first.path == "cold-miss", first.raw
-        messages += [
-            {"role": "assistant", "content": first.content},
-            {"role": "user", "content": TEXT.format(i=2)},
-        ]
+        conversation, messages = await first_turn(s, TEXT.format(i=1) * 3, TEXT.format(i=2))
         own_redis.pause()
         try:
             second = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)

@@ -71,7 +71,11 @@ async def test_reasoning_template_mismatch_is_caught(tmp_path: Path) -> None:
 
 async def test_unchecked_reuse_gives_wrong_answers(tmp_path: Path) -> None:
     # The measurement arm without the check reproduces vLLM #43094 through the router.
-    async with stack(tmp_path, sim={"threshold": 16}, router_flags=("--planner", "bench.unchecked:plan_unchecked")) as s:
+    async with stack(
+        tmp_path,
+        sim={"threshold": 16},
+        router_flags=("--planner", "bench.unchecked:plan_unchecked"),
+    ) as s:
         with pytest.raises(AssertionError, match="differs from the no-reuse reference"):
             await run_chat_conversation(
                 s, "unchecked", 3, stream=False, thinking=True, max_tokens=60

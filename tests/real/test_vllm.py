@@ -3,7 +3,7 @@
 Correctness is judged against a single-instance reference (the same prompt on P with no
 kv_transfer_params; P runs without a prefix cache, so nothing earlier can colour it) on output
 token ids and on logprobs: a few wrong context tokens can leave greedy ids intact but move
-logprobs by ~0.4 (``reference/bidir-cpu.md`` §Q2b).
+logprobs by ~0.4 (docs/vllm-protocol.md §7).
 """
 
 from __future__ import annotations

@@ -451,7 +451,7 @@ async def test_metrics_and_surface(client: httpx.AsyncClient) -> None:
 async def test_prefill_without_bidirectional_flag_hangs_on_a_decode_handle(
     client: httpx.AsyncClient,
 ) -> None:
-    # Unverified in vLLM, inferred from pull_scheduler.py (vllm-protocol.md §1.9): a P without
+    # Unverified in vLLM, inferred from pull_scheduler.py (docs/vllm-protocol.md §4): a P without
     # bidirectional_kv_xfer still reports the external tokens but never registers the receive,
     # so the request waits in WAITING_FOR_REMOTE_KVS. The simulator hangs the same way.
     async with pd_pair(p_bidirectional=False) as (p, d):

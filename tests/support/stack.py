@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -206,3 +207,19 @@ async def p_pulled(stack: Stack) -> float:
         values = await ascrape(stack.client, p.url)
         total += values.get("vllm:prompt_tokens_by_source_total{source=external_kv_transfer}", 0.0)
     return total
+
+
+async def first_turn(
+    s: Stack, first: str, second: str, *, router: int = 0
+) -> tuple[str, list[dict[str, Any]]]:
+    """A new conversation's first turn (cold) through ``router``; returns its id and the
+    history for the second turn: the first message, the answer, then ``second``."""
+    conversation = uuid.uuid4().hex
+    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    got = await chat_turn(s.client, s.routers[router].url, messages, conversation_id=conversation)
+    assert got.status == 200 and got.path == "cold-miss", got.raw
+    messages += [
+        {"role": "assistant", "content": got.content},
+        {"role": "user", "content": second},
+    ]
+    return conversation, messages

@@ -18,6 +18,7 @@ from router.fields import (
     reuse_blockers,
 )
 from router.openai import parse_body
+from router.render.backends import EngineTokenize
 
 # The fields of ChatCompletionRequest and CompletionRequest in vLLM 0.33.0
 # (vllm/entrypoints/openai/chat_completion/protocol.py, .../completion/protocol.py).
@@ -151,17 +152,7 @@ VLLM_COMPLETION = [
     "stream_interval",
 ]
 
-TOKENIZE = frozenset(
-    {
-        "messages",
-        "tools",
-        "chat_template",
-        "chat_template_kwargs",
-        "add_generation_prompt",
-        "continue_final_message",
-        "add_special_tokens",
-    }
-)
+TOKENIZE = EngineTokenize.renders  # what P's /tokenize applies
 TEXT = [{"role": "user", "content": "hi"}]
 
 

@@ -143,7 +143,7 @@ def test_extended_hashing_equals_hashing_at_once(a: list[int], b: list[int], chu
 
 def test_shorter_prompt_that_is_an_exact_prefix_is_not_full_reuse() -> None:
     # vLLM end-trims D's block list: a prompt needing fewer blocks gets D's *tail* blocks
-    # (bidir-cpu.md Q2c). Only whole blocks before the end of the prompt may be pulled.
+    # (docs/vllm-protocol.md §3). Only whole blocks before the end of the prompt may be pulled.
     stored = list(range(603))
     prefix = HashedTokens(stored, 256).prefix(603, output_start=404)
     result = plan_reuse(prefix, make_handle(603, 128), 128, HashedTokens(stored[:330], 256))
@@ -198,7 +198,7 @@ def test_divergence_in_tail_is_reused_to_the_block_before_it() -> None:
 
 
 def test_block_size_from_handle_geometry() -> None:
-    # bidir-cpu.md Q1: the CPU build reported R=603 with 5 blocks (block size 128).
+    # docs/vllm-protocol.md §1, §7: the CPU build reported R=603 with 5 blocks (block size 128).
     assert block_size_of(make_handle(603, 128)) == 128
     assert block_size_of(make_handle(1871, 16)) == 16
     # A configured size is used when the geometry allows it.
