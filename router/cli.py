@@ -106,6 +106,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             router[key] = value
     if args.expose_path_header or env.get(_ENV_PREFIX + "EXPOSE_PATH_HEADER") == "1":
         router["expose_path_header"] = True
+    if args.planner:
+        router["planner"] = args.planner
     timeouts = dict(router.get("timeouts", {}))
     for key, value in (
         ("prefill", args.prefill_timeout),

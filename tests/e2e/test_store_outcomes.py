@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
-from tests.support.stack import chat_turn, first_turn, reference_chat, stack
+from tests.support.stack import chat_turn, completion_turn, first_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
 TEXT = "Turn {i}: the tide tables of a long northern coast, read aloud slowly and in full. "
@@ -24,7 +24,8 @@ async def test_a_commit_that_times_out_is_not_followed_by_a_release(
     flags = ("--redis", own_redis.url, "--store-timeout", "0.5")
     sim = {"threshold": 16}
     p_sim = {"enable_prefix_caching": False}  # every pull is from D, nothing from P's cache
-    async with stack(tmp_path, router_flags=flags, sim=sim, p_sim=p_sim) as s:
+    d_sim = {"num_blocks": 96}  # small: other work soon overwrites a freed block
+    async with stack(tmp_path, router_flags=flags, sim=sim, p_sim=p_sim, d_sim=d_sim) as s:
         p, d = s.prefill[0], s.decode[0]
         conversation, messages = await first_turn(s, TEXT.format(i=1) * 3, TEXT.format(i=2) * 3)
 
@@ -46,6 +47,14 @@ async def test_a_commit_that_times_out_is_not_followed_by_a_release(
         finally:
             own_redis.resume()
         assert second.status == 200 and second.path == "reuse", second.raw
+        # Other work takes every free block of D. Blocks a release had freed would be among
+        # them, and turn 3 would read this request's KV in place of its history.
+        state = (await s.client.get(d.url + "/sim/state")).json()
+        free = state["num_blocks"] - state["used_blocks"]
+        filler = await completion_turn(
+            s.client, s.router.url, [100] * (free * 16 - 1), max_tokens=1, ignore_eos=True
+        )
+        assert filler.status == 200, filler.raw
         messages += [
             {"role": "assistant", "content": second.content},
             {"role": "user", "content": TEXT.format(i=3)},
