@@ -278,6 +278,33 @@ async def test_rewritten_history_and_stripped_answer_stay_correct(
     assert same_output(r.json(), (await chat(client, p_url, messages)).json(), chat=True)
 
 
+async def test_a_truncated_prompt_runs_unchecked_and_right(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    # vLLM keeps the last k ids of a token prompt under truncate_prompt_tokens. With the stored
+    # handle attached, P would pull D's history for ids it no longer runs; the router runs
+    # such a turn unchecked: nothing pulled, the engines truncate, the answer is right.
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    prompt = await tokenize(
+        client,
+        p_url,
+        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
+        add_generation_prompt=True,
+    )
+    first = await completion(client, real_router.url, prompt, conversation=nonce)
+    assert first.status_code == 200 and first.headers["x-carryover-path"] == "cold-miss"
+    longer = prompt + first.json()["choices"][0]["token_ids"] + prompt[:60]
+    extra = {"truncate_prompt_tokens": len(longer) - 200}
+    want = (await completion(client, p_url, longer, **extra)).json()
+    before = await pulled(client, p_url)
+    r = await completion(client, real_router.url, longer, conversation=nonce, **extra)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-carryover-path"] == "cold-unchecked"
+    assert await pulled(client, p_url) == before  # nothing read from D
+    assert same_output(r.json(), want, chat=False)
+
+
 async def test_the_same_mismatch_without_the_router_is_wrong(
     client: httpx.AsyncClient, vllm_pair: VllmPair
 ) -> None:
