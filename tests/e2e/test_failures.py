@@ -116,16 +116,19 @@ async def test_decode_breaking_mid_stream_gives_an_error_event(tmp_path: Path) -
 
 
 async def test_expired_record_is_cold(tmp_path: Path) -> None:
-    # Records live 6 - 5 - 0.5 = 0.5 s; the second turn starts at least that long after the
-    # first was stored (a wall-clock lower bound, whatever the machine's speed). Reuse after
-    # a miss is shown elsewhere: here it would race the half-second lifetime.
-    flags = ("--decoder-kv-blocks-ttl", "6", "--queue-margin", "0.5")
+    # Records live 6 - 5 - 0.5 = 0.5 s. Reuse after a miss is shown elsewhere: here it would
+    # race the half-second lifetime.
+    flags = ("--decoder-kv-blocks-ttl", "6", "--queue-margin", "0.5", "--admin-key", "adm")
     async with stack(tmp_path, router_flags=flags, sim={"threshold": 16}) as s:
         chat = Chat(s)
         await chat.turn()
-        await asyncio.sleep(0.6)
-        # The store dropped the record at its expiry: the turn is a plain miss and the stale
-        # handle never reaches P.
+        record = f"{s.router.url}/admin/conversations/{chat.id}"
+        await eventually(
+            lambda: s.client.get(record, headers={"Authorization": "Bearer adm"}),
+            lambda r: r.status_code == 404,
+            what="the store drops the record at its expiry",
+        )
+        # The turn is a plain miss and the stale handle never reaches P.
         assert await chat.turn() == "cold-miss"
         assert (await ascrape(s.client, s.prefill[0].url))[
             "vllm:nixl_num_failed_transfers_total"

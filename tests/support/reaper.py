@@ -14,6 +14,7 @@ the mark, sends SIGTERM, and SIGKILL to what is left after a grace period.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -49,11 +50,19 @@ def marked_pids(mark: str) -> list[int]:
 def sweep(mark: str, grace: float = GRACE_SECONDS) -> list[int]:
     """SIGTERM every marked process, SIGKILL the survivors after ``grace``; returns who was hit."""
     hit = marked_pids(mark)
+    exits: list[int] = []  # pidfds: readable once their process is gone
     for pid in hit:
+        with contextlib.suppress(ProcessLookupError):
+            exits.append(os.pidfd_open(pid))
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and marked_pids(mark):
-        time.sleep(0.1)
+    while exits and (left := deadline - time.monotonic()) > 0:
+        gone, _, _ = select.select(exits, [], [], left)
+        for fd in gone:
+            exits.remove(fd)
+            os.close(fd)
+    for fd in exits:
+        os.close(fd)
     for pid in marked_pids(mark):
         _signal(pid, signal.SIGKILL)
     return hit

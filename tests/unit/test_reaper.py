@@ -17,13 +17,13 @@ ROOT = Path(__file__).parents[2]
 # A test that starts a server-like child in a session of its own (as the router and vLLM
 # fixtures do, so that a signal to the run's process group misses it), then hangs.
 HANGING_TEST = """
-import os, subprocess, time
+import os, subprocess, threading
 from pathlib import Path
 
 def test_hangs_with_a_child():
     child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
     Path(os.environ["CHILD_PID_FILE"]).write_text(str(child.pid))
-    time.sleep(1000)  # stands for a hung test; the outer test kills this run
+    threading.Event().wait()  # a hung test: waits for nothing; the outer test kills this run
 """
 
 
