@@ -20,6 +20,7 @@ Fields vLLM does not know pass through (vLLM ignores them).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any
 
@@ -150,40 +151,34 @@ _DEFAULTS: dict[str, Any] = {
 }
 _CHAT_DEFAULTS = {**_DEFAULTS, "add_special_tokens": False}
 _COMPLETION_DEFAULTS = {**_DEFAULTS, "add_special_tokens": True}
-_UNSET = object()
 
 
-def _set(body: dict[str, Any], name: str, defaults: dict[str, Any]) -> bool:
-    value = body.get(name, _UNSET)
-    if value is _UNSET or value is None:
-        return False
-    return not (name in defaults and value == defaults[name])
+def _set_fields(body: dict[str, Any], chat: bool) -> Iterator[tuple[str, FieldClass]]:
+    """The body's known fields whose value is not the endpoint's default, with their class
+    (a walk over the few keys a request has, not over the table)."""
+    table = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    defaults = _CHAT_DEFAULTS if chat else _COMPLETION_DEFAULTS
+    for name, value in body.items():
+        kind = table.get(name)
+        if kind is None or value is None or (name in defaults and value == defaults[name]):
+            continue
+        yield name, kind
 
 
 def refused_field(body: dict[str, Any], *, chat: bool) -> str | None:
     """The first field this request may not carry, if any."""
-    table = CHAT_FIELDS if chat else COMPLETION_FIELDS
-    defaults = _CHAT_DEFAULTS if chat else _COMPLETION_DEFAULTS
-    for name, kind in table.items():
-        if kind is FieldClass.REFUSED and _set(body, name, defaults):
-            return name
-    return None
+    return next((n for n, kind in _set_fields(body, chat) if kind is FieldClass.REFUSED), None)
 
 
 def reuse_blockers(body: dict[str, Any], *, chat: bool, renders: frozenset[str]) -> list[str]:
     """Fields (and conditions) of this request that keep the router from checking its ids:
     ``DISABLES_REUSE`` fields that are set, ``RENDERED`` fields the renderer cannot apply,
     and non-text content parts. Empty when the turn can be checked."""
-    table = CHAT_FIELDS if chat else COMPLETION_FIELDS
-    defaults = _CHAT_DEFAULTS if chat else _COMPLETION_DEFAULTS
     found = [
         name
-        for name, kind in table.items()
-        if _set(body, name, defaults)
-        and (
-            kind is FieldClass.DISABLES_REUSE
-            or (kind is FieldClass.RENDERED and name not in renders)
-        )
+        for name, kind in _set_fields(body, chat)
+        if kind is FieldClass.DISABLES_REUSE
+        or (kind is FieldClass.RENDERED and name not in renders)
     ]
     if chat and _has_non_text_content(body.get("messages")):
         found.append(NON_TEXT_CONTENT)

@@ -173,6 +173,10 @@ class InstancePool:
                     breaker = Breaker(config.breaker_failures, config.breaker_reset)
                     self.instances.append(Instance(item, role, model, breaker))
         self.by_name = {i.name: i for i in self.instances}
+        # Looked up once: a lease sets its instance's gauge twice per request.
+        self._in_flight_gauges = {
+            i.name: metrics.instance_in_flight.labels(i.name) for i in self.instances
+        }
         self._task: asyncio.Task[None] | None = None
 
     # -- queries -----------------------------------------------------------------------------
@@ -213,15 +217,16 @@ class InstancePool:
         when its circuit is open. Whatever ends the block (an answer, an error, a client that
         left, a cancellation), the count comes back down, and a trial that got no verdict
         (:meth:`Lease.succeeded` / :meth:`Lease.failed`) is given up for the next request."""
+        gauge = self._in_flight_gauges[instance.name]
         instance.in_flight += 1
-        self._metrics.instance_in_flight.labels(instance.name).set(instance.in_flight)
+        gauge.set(instance.in_flight)
         trial = instance.breaker.begin()
         lease = Lease(self, instance)
         try:
             yield lease
         finally:
             instance.in_flight -= 1
-            self._metrics.instance_in_flight.labels(instance.name).set(instance.in_flight)
+            gauge.set(instance.in_flight)
             if trial and not lease.decided:
                 instance.breaker.abandon_trial()
                 self._metrics.breaker(instance.name, instance.breaker.state)
@@ -279,8 +284,8 @@ class InstancePool:
         """Health, load and restart evidence of one instance.
 
         A timeout is not a restart: a busy engine (vLLM on CPU, say) can miss a probe. An
-        instance counts as restarted when its ``process_start_time_seconds`` changed, or when it
-        refused connections (its process was gone) before it answered again.
+        instance counts as restarted when its ``process_start_time_seconds`` changed, or, when
+        it publishes none, when it refused connections before it answered again.
         """
         timeout = self._config.timeouts.health
         try:
@@ -311,17 +316,18 @@ class InstancePool:
                 instance.down_since = time.monotonic()
                 self._metrics.instance_up(instance.name, instance.role, False)
             return
-        restarted = instance.refused and instance.ever_healthy
         try:
             metrics = await self._upstream.get(f"{instance.url}/metrics", timeout=timeout)
             gauges = _parse_gauges(metrics.text)
         except UpstreamError:
             gauges = {}
         start = gauges.get("process_start_time_seconds")
-        if start is not None and instance.start_time is not None and start != instance.start_time:
-            restarted = True
         if start is not None:
+            # A new start time is a new process; refused connections alone were a blip.
+            restarted = instance.start_time is not None and start != instance.start_time
             instance.start_time = start
+        else:
+            restarted = instance.refused and instance.ever_healthy
         instance.running = gauges.get("vllm:num_requests_running", instance.running)
         instance.waiting = gauges.get("vllm:num_requests_waiting", instance.waiting)
         instance.kv_usage = gauges.get("vllm:kv_cache_usage_perc", instance.kv_usage)

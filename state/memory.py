@@ -74,6 +74,8 @@ class MemoryStore:
         now = self._clock()
         for key, record in [(k, r) for k, r in self._records.items() if r.expired(now)]:
             self._drop_expired(key, record)
+        for key in [k for k, (_, until) in self._ended.items() if until <= now]:
+            del self._ended[key]  # fences of ended conversations nobody came back to
 
     async def get(self, key: ConversationKey) -> Record | None:
         return self._live(key)

@@ -52,7 +52,8 @@ end
 # The held sets are addressed from the scripts, not through KEYS: fine on one Redis (or a
 # replicated primary), not on Redis Cluster, where the record keys are not co-located anyway.
 # KEYS[1] record key, KEYS[2] its ended mark; ARGV[2] value; ARGV[3] lifetime in ms; ARGV[4]
-# expires_at; ARGV[5] created_at; ARGV[6] now; ARGV[7] when the turn started ('' : unfenced). Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
+# expires_at; ARGV[5] created_at; ARGV[6] now; ARGV[7] when the turn started ('' : unfenced).
+# Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
 _COMMIT = (
     _LUA_HELPERS
     + """
@@ -301,7 +302,7 @@ class RedisStore:
         return _decode(value)
 
     async def observe_identity(self, instance: str, identity: str) -> int:
-        keys = [self._epoch_key(instance), f"{self._namespace}-identity:{instance}"]
+        keys = [self._epoch_key(instance), f"{self._epoch_key(instance)}:identity"]
         return int(await self._call(lambda: self._observe(keys=keys, args=[identity])))
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """One simulated vLLM engine: scheduler, KV pool, and the NIXL P/D semantics of vLLM 0.33.
 
-Every rule here follows ``docs/vllm-protocol.md`` (section numbers in comments), including what the CPU
-build did.
+Every rule here follows ``docs/vllm-protocol.md`` (section numbers in comments), including
+what the CPU build did.
 """
 
 from __future__ import annotations

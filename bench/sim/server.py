@@ -500,7 +500,7 @@ class SimServer:
         return _ok({"prompt": self.template.decode(tokens, skip_special_tokens=False)})
 
     async def render(self, request: web.Request) -> web.Response:
-        """``/v1/chat/completions/render``: a GenerateRequest with the prompt ids (vLLM's render server)."""
+        """``/v1/chat/completions/render`` of vLLM's render server: the prompt ids it runs."""
         try:
             body = await self._body(request)
             model = self._check_model(body)

@@ -82,6 +82,11 @@ class Prepared:
         self.plan = Plan(Path.COLD, Reason.NO_RECORD)
         self.path = path
 
+    def send_handle(self) -> None:
+        """The handle goes to P now: never again, whatever happens next."""
+        self.sent = True
+        self.spend_handle(self.path)
+
 
 class Relay:
     """A started stream: its first chunk, then the rest. ``aclose`` ends the turn's stream

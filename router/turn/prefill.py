@@ -67,8 +67,7 @@ async def run_prefill(
             )
             body = prefill_body(req, prepared.ids, kv)
             if with_handle:
-                prepared.spend_handle(prepared.path)  # sent once, whatever happens next
-                prepared.sent = True
+                prepared.send_handle()
             with svc.pool.lease(instance) as lease:
                 try:
                     answer = await svc.upstream.post_json(

@@ -13,15 +13,10 @@ import pytest
 
 from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
-from tests.support.stack import Stack, chat_turn, first_turn, reference_chat, stack
+from tests.support.stack import chat_turn, first_turn, held_by, reference_chat, stack
 from tests.support.waiting import eventually
 
 TEXT = "Turn {i}: a walk along the old canal, the locks, the barges and the lock keepers. "
-
-
-async def held_by(s: Stack, index: int = 0) -> list[str]:
-    state = (await s.client.get(s.decode[index].url + "/sim/state")).json()
-    return list(state["held_requests"])
 
 
 async def test_decode_that_ran_other_ids_leaves_no_record(tmp_path: Path) -> None:
@@ -56,12 +51,22 @@ async def test_overlapping_turns_leave_one_pinned_handle(
     async with stack(tmp_path, router_flags=flags, sim={"threshold": 16}) as s:
         conversation = uuid.uuid4().hex
         messages: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=1) * 3}]
-        answers = await asyncio.gather(
-            *(
+        # All four are held at D until each has claimed (nothing yet) and passed P: then
+        # their commits overlap, whatever the machine's speed.
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"hang": True})
+        turns = [
+            asyncio.create_task(
                 chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
-                for _ in range(4)
             )
+            for _ in range(4)
+        ]
+        await eventually(
+            lambda: ascrape(s.client, s.prefill[0].url),
+            lambda m: m.get("vllm:request_success_total:sum", 0) == 4,
+            what="four P legs",
         )
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"hang": False})
+        answers = await asyncio.gather(*turns)
         assert all(a.status == 200 for a in answers), [a.raw for a in answers]
         await eventually(lambda: held_by(s), lambda h: len(h) == 1, what="one pinned handle")
         router = await ascrape(s.client, s.router.url)

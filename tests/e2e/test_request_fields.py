@@ -8,14 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.metrics import ascrape
-from tests.support.stack import Stack, chat_turn, completion_turn, reference_chat, stack
+from tests.support.stack import chat_turn, completion_turn, held_by, reference_chat, stack
 from tests.support.waiting import eventually
 
 TEXT = "Turn {i}: the harbour at dawn, the boats going out, the gulls and the tide. "
-
-
-async def held(s: Stack) -> list[str]:
-    return list((await s.client.get(s.decode[0].url + "/sim/state")).json()["held_requests"])
 
 
 async def test_truncated_completion_is_run_unchecked_and_right(tmp_path: Path) -> None:
@@ -69,7 +65,7 @@ async def test_chat_echo_is_unchecked_and_the_next_turn_reuses_what_d_ran(
         third = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
         assert third.path == "reuse"
         assert third.content == (await reference_chat(s, messages)).content
-        await eventually(lambda: held(s), lambda h: len(h) == 1, what="one pinned handle")
+        await eventually(lambda: held_by(s), lambda h: len(h) == 1, what="one pinned handle")
 
 
 async def test_refused_fields_are_a_400(tmp_path: Path) -> None:

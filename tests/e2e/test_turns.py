@@ -11,6 +11,7 @@ from tests.support.stack import (
     Stack,
     chat_turn,
     completion_turn,
+    held_by,
     p_pulled,
     reference_chat,
     stack,
@@ -123,11 +124,7 @@ async def test_without_conversation_id_plain_pd_and_handle_released(tmp_path: Pa
             assert got.content == (await reference_chat(s, messages)).content
 
         # D's pinned blocks are released right away instead of waiting for the TTL.
-        async def held() -> list[str]:
-            state = (await s.client.get(s.decode[0].url + "/sim/state")).json()
-            return list(state["held_requests"])
-
-        await eventually(held, lambda h: h == [], what="D's pins are released")
+        await eventually(lambda: held_by(s), lambda h: h == [], what="D's pins are released")
 
 
 async def test_conversation_id_from_headers(tmp_path: Path) -> None:

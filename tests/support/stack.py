@@ -223,3 +223,10 @@ async def first_turn(
         {"role": "user", "content": second},
     ]
     return conversation, messages
+
+
+async def held_by(s: Stack, index: int = 0) -> list[str]:
+    """The request ids whose blocks decode instance ``index`` holds pinned (the simulator's
+    own state)."""
+    state = (await s.client.get(s.decode[index].url + "/sim/state")).json()
+    return list(state["held_requests"])
