@@ -52,7 +52,8 @@ def _transport_error(exc: httpx.TransportError, what: str) -> UpstreamError:
     if isinstance(cause, aiohttp.ServerTimeoutError | TimeoutError) or (
         cause is None and isinstance(exc, httpx.TimeoutException)
     ):
-        return EngineTimeout(f"{what} timed out")
+        # aiohttp's message names the timer (connecting, or reading the socket).
+        return EngineTimeout(f"{what} timed out: {cause or exc}")
     return EngineFailed(f"{what} broke off: {type(cause or exc).__name__}")
 
 

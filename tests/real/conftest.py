@@ -1,6 +1,6 @@
 """The real-engine tier: vLLM's CPU build with NIXL, a seeded random tiny Qwen3, real Redis.
 
-One P/D pair serves the whole session (a start takes a minute or two on 2 cores); tests that
+One P/D pair serves the whole tier (a start takes a minute or two on 2 cores); tests that
 need other router settings start their own router in front of it.
 
 No test here races a clock: D pins a turn's blocks for an hour and the routers are told so, far
@@ -27,7 +27,9 @@ pytestmark = pytest.mark.real
 D_TTL = 3600.0
 
 
-@pytest.fixture(scope="session")
+# Package scope: the engines stop when this tier ends, so the tests after it do not share the
+# two cores with a pair of spinning engines.
+@pytest.fixture(scope="package")
 def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmPair]:
     pair = VllmPair(
         log_dir=tmp_path_factory.mktemp("vllm-logs"),

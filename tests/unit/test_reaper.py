@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.waiting import eventually_sync
+from tests.support.waiting import ConditionTimeout, eventually_sync
 
 ROOT = Path(__file__).parents[2]
 
@@ -39,33 +39,44 @@ def alive(pid: int) -> bool:
 def test_children_of_a_killed_run_die(tmp_path: Path, signum: signal.Signals) -> None:
     (tmp_path / "test_hang.py").write_text(HANGING_TEST)
     pid_file = tmp_path / "child.pid"
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "tests.support.reaper",
-            "-p",
-            "no:cacheprovider",
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path / "test_hang.py"),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "CHILD_PID_FILE": str(pid_file)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    output = tmp_path / "inner-run.log"  # what the inner run printed, for the failure message
+    with output.open("wb") as sink:
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "tests.support.reaper",
+                "-p",
+                "no:cacheprovider",
+                "--rootdir",
+                str(tmp_path),
+                str(tmp_path / "test_hang.py"),
+            ],
+            cwd=ROOT,
+            env={**os.environ, "CHILD_PID_FILE": str(pid_file)},
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+
+    def started_child() -> str:
+        if run.poll() is not None:  # it ended before its test hung: nothing to wait for
+            raise AssertionError(
+                f"the inner run exited {run.returncode}:\n{output.read_text(errors='replace')}"
+            )
+        return pid_file.read_text() if pid_file.exists() else ""
+
     child = 0
     try:
-        child = int(
-            eventually_sync(
-                lambda: pid_file.read_text() if pid_file.exists() else "",
-                what="the inner run starts its child",
+        try:
+            child = int(
+                eventually_sync(started_child, what="the inner run starts its child", timeout=180)
             )
-        )
+        except ConditionTimeout as exc:
+            raise AssertionError(f"{exc}\n{output.read_text(errors='replace')}") from exc
         assert alive(child)
         run.send_signal(signum)
         run.wait(timeout=60)
