@@ -35,6 +35,8 @@ from router.errors import (
     error_body,
 )
 from router.held import report_held_forever
+from router.kv.metrics import KvMetrics
+from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.openai import ChatView, parse_body
 from router.pool import InstancePool
@@ -73,6 +75,7 @@ class Services:
     auth: Authenticator
     model_names: dict[int, str]
     tracing: Tracing
+    kv: KvEvents
     clock: Callable[[], float] = time.time
     in_flight: int = 0
     closing: bool = False
@@ -449,6 +452,7 @@ def create_app(
         metrics_ = RouterMetrics()
         pool = InstancePool(config, upstream, backend, metrics_)
         renderers = {id(m): make_renderer(m.render, upstream) for m in config.models}
+        kv = KvEvents(config, KvMetrics(metrics_.registry))
         runner = TurnRunner(
             config,
             pool,
@@ -459,6 +463,7 @@ def create_app(
             random.Random(seed),
             clock=clock,
             planner=chosen_planner,
+            kv=kv,
         )
         services = Services(
             config=config,
@@ -471,8 +476,11 @@ def create_app(
             model_names={id(m): m.name for m in config.models if m.name is not None},
             tracing=Tracing.from_environment(),
             clock=clock,
+            kv=kv,
         )
         app.state.services = services
+        kv.start()
+        pool.on_restart.append(lambda instance: kv.instance_restarted(instance.name))
         await pool.start()
         discovery = asyncio.create_task(_discover_names(services))
         decode_names = [i.name for i in pool.instances if i.role == "decode"]
@@ -488,6 +496,7 @@ def create_app(
                 await asyncio.sleep(0.05)
             discovery.cancel()
             held.cancel()
+            await kv.stop()
             await runner.drain_background()
             await pool.stop()
             await upstream.aclose()

@@ -12,6 +12,7 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -30,6 +31,18 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int)
     p.add_argument("--prefill", action="append", metavar="URL", help="a prefill instance (repeat)")
     p.add_argument("--decode", action="append", metavar="URL", help="a decode instance (repeat)")
+    p.add_argument(
+        "--kv-events",
+        action="append",
+        metavar="INSTANCE=ENDPOINT",
+        help="an instance's KV-event endpoint (INSTANCE: its URL or name; repeat)",
+    )
+    p.add_argument(
+        "--kv-events-replay",
+        action="append",
+        metavar="INSTANCE=ENDPOINT",
+        help="an instance's KV-event replay endpoint (repeat)",
+    )
     p.add_argument("--model", help="served model name (default: asked from the engines)")
     p.add_argument("--render", metavar="URL", help="a vLLM render server (default: P's /tokenize)")
     p.add_argument("--render-local", metavar="DIR", nargs="?", const="", help="render in process")
@@ -64,6 +77,26 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 def _env_list(value: str | None) -> list[str] | None:
     return [v for v in value.split(",") if v] if value else None
+
+
+def _assign_per_instance(models: list[dict[str, Any]], field_name: str, pairs: list[str]) -> None:
+    """``INSTANCE=VALUE`` settings onto the instances whose URL or name is ``INSTANCE``."""
+    for pair in pairs:
+        target, sep, value = pair.partition("=")
+        if not sep or not target or not value:
+            raise ConfigError(
+                f"--{field_name.replace('_', '-')} wants INSTANCE=ENDPOINT, not {pair!r}"
+            )
+        matched = False
+        for model in models:
+            for instance in (*model.get("prefill", []), *model.get("decode", [])):
+                url = str(instance.get("url", "")).rstrip("/")
+                names = (url, instance.get("name") or urlsplit(url).netloc)
+                if target.rstrip("/") in names:
+                    instance[field_name] = value
+                    matched = True
+        if not matched:
+            raise ConfigError(f"{pair!r}: no configured instance has the URL or name {target!r}")
 
 
 def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> RouterConfig:
@@ -154,6 +187,13 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             model["partial_reuse"] = False
         if args.no_reuse:
             model["reuse"] = False
+    for field_name, flag, env_name in (
+        ("kv_events", args.kv_events, "KV_EVENTS"),
+        ("kv_events_replay", args.kv_events_replay, "KV_EVENTS_REPLAY"),
+    ):
+        pairs = flag or _env_list(env.get(_ENV_PREFIX + env_name))
+        if pairs:
+            _assign_per_instance(models, field_name, pairs)
     router["models"] = models
     try:
         return msgspec.convert(router, RouterConfig)

@@ -34,11 +34,25 @@ class InstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         url: its HTTP base URL.
         name: the router's name for it (default ``host:port``); records name D by it.
         block_size: KV block size in tokens (default: the model's).
+        kv_events: the ZMQ endpoint of its KV-cache events (vLLM's ``--kv-events-config``
+            ``endpoint``, as this router reaches it, e.g. ``tcp://p0:5557``); none: routed by
+            load alone.
+        kv_events_replay: its ``replay_endpoint``: batches missed in a gap come back from
+            there (without it a gap drops what the index knows of the instance).
     """
 
     url: str
     name: str | None = None
     block_size: int | None = None
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
+
+    def __post_init__(self) -> None:
+        for endpoint in (self.kv_events, self.kv_events_replay):
+            if endpoint is not None and not endpoint.startswith(("tcp://", "ipc://")):
+                raise ConfigError(f"KV event endpoints are tcp:// or ipc:// URLs, not {endpoint!r}")
+        if self.kv_events_replay is not None and self.kv_events is None:
+            raise ConfigError("kv_events_replay needs kv_events")
 
     @property
     def label(self) -> str:
@@ -159,8 +173,9 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             ``carryover_decode_handles*`` gauges).
         breaker_failures: consecutive failures that open an instance's circuit.
         breaker_reset: seconds an open circuit waits before one trial request.
-        affinity_slack: how much busier (in-flight requests) the last turn's P may be and still
-            be preferred over the least loaded P.
+        affinity_slack: how much busier (in-flight requests) the instance holding most of the
+            prompt (without KV events: the last turn's P or D) may be and still be preferred
+            over the least loaded one, on either leg.
         shutdown_grace: seconds in-flight streams get to finish on shutdown.
         planner: ``module:function`` replacing ``state.plan`` (tests and the benchmark's
             unchecked arm only; see ``router.turn.services.Planner``).

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from router.config import InstanceConfig, ModelConfig, RouterConfig
@@ -178,6 +178,8 @@ class InstancePool:
             i.name: metrics.instance_in_flight.labels(i.name) for i in self.instances
         }
         self._task: asyncio.Task[None] | None = None
+        #: Called with an instance whose process restarted (what it held is gone).
+        self.on_restart: list[Callable[[Instance], None]] = []
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -335,6 +337,8 @@ class InstancePool:
             await self._read_version(instance)
         if restarted:
             self._metrics.restarts.labels(instance.name, instance.role).inc()
+            for listener in self.on_restart:
+                listener(instance)
         if instance.role == "decode":
             await self._observe_identity(instance, start, restarted=restarted)
         if not instance.healthy:

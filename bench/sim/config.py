@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from bench.sim.kv_events import KVEventsSettings
 from bench.sim.timing import Timing
 
 __all__ = ["KVTransferConfig", "SimConfig", "parse_sim_args"]
@@ -53,6 +54,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     max_model_len: int = 32768
     enable_prefix_caching: bool = True
     kv_transfer: KVTransferConfig | None = None
+    kv_events: KVEventsSettings | None = None  # None: no events (vLLM's default)
     side_channel_host: str = "localhost"
     side_channel_port: int = 5600
     vllm_version: str = "0.33.0"
@@ -97,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+")
     p.add_argument("--kv-transfer-config", type=json.loads)
+    p.add_argument("--kv-events-config", type=json.loads)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=32768)
@@ -125,6 +128,11 @@ def parse_sim_args(argv: Sequence[str], environ: dict[str, str] | None = None) -
     kv: KVTransferConfig | None = None
     if args.kv_transfer_config is not None:
         kv = msgspec.convert(args.kv_transfer_config, KVTransferConfig)
+    events: KVEventsSettings | None = None
+    if args.kv_events_config is not None:
+        events = msgspec.convert(args.kv_events_config, KVEventsSettings)
+        if not events.enable_kv_cache_events or events.publisher == "null":
+            events = None
     timing_fields: dict[str, Any] = {"speed": args.sim_speed, **args.sim_timing}
     return SimConfig(
         model=args.model,
@@ -137,6 +145,7 @@ def parse_sim_args(argv: Sequence[str], environ: dict[str, str] | None = None) -
         max_model_len=args.max_model_len,
         enable_prefix_caching=args.prefix_caching,
         kv_transfer=kv,
+        kv_events=events,
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
         side_channel_port=int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),
         vllm_version=args.sim_vllm_version,

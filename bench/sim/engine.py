@@ -18,6 +18,7 @@ from typing import Any
 from bench.sim.answers import AnswerPlanner
 from bench.sim.config import SimConfig
 from bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
+from bench.sim.kv_events import KvEventPublisher
 from bench.sim.metrics import EngineMetrics
 from bench.sim.sidechannel import SideChannelError, read_remote, serve_side_channel
 from router.render.chat_template import ChatTemplate
@@ -97,9 +98,8 @@ class SimEngine:
         self.planner = AnswerPlanner(template, noncanonical=config.noncanonical_outputs)
         self.metrics = EngineMetrics(config.served_model_name)
         self.engine_id = config.new_engine_id()
-        self.pool = BlockPool(
-            config.num_blocks, config.block_size, prefix_caching=config.enable_prefix_caching
-        )
+        self.pool = self._new_pool()
+        self.kv_events: KvEventPublisher | None = None
         self._holds: dict[str, _Hold] = {}
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -109,6 +109,20 @@ class SimEngine:
         # Seconds this engine's clock runs ahead of the host's: tests move time forward
         # (``advance_clock``) instead of sleeping through a TTL.
         self._clock_offset = 0.0
+
+    def _new_pool(self) -> BlockPool:
+        return BlockPool(
+            self.config.num_blocks,
+            self.config.block_size,
+            prefix_caching=self.config.enable_prefix_caching,
+            events=self.config.kv_events is not None,
+        )
+
+    async def publish_kv_events(self) -> None:
+        """Send what entered and left the prefix cache since the last call (one batch)."""
+        events = self.pool.take_events()
+        if events and self.kv_events is not None:
+            await self.kv_events.publish(events)
 
     def now(self) -> float:
         """This engine's monotonic clock (pins, leases and their deadlines live on it)."""
@@ -120,6 +134,9 @@ class SimEngine:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.config.kv_events is not None:
+            self.kv_events = KvEventPublisher(self.config.kv_events)
+            self.kv_events.start()
         self._tasks = [
             asyncio.create_task(self._schedule()),
             asyncio.create_task(self._expire_holds()),
@@ -145,6 +162,9 @@ class SimEngine:
             self._side_channel.close()
             await self._side_channel.wait_closed()
             self._side_channel = None
+        if self.kv_events is not None:
+            await self.kv_events.stop()
+            self.kv_events = None
 
     def restart(self) -> None:
         """Come back as a new engine: new id, empty pool, nothing held (as a process restart)."""
@@ -156,11 +176,9 @@ class SimEngine:
         self._holds.clear()
         self.engine_id = self.config.new_engine_id()
         self.metrics.restarted()
-        self.pool = BlockPool(
-            self.config.num_blocks,
-            self.config.block_size,
-            prefix_caching=self.config.enable_prefix_caching,
-        )
+        self.pool = self._new_pool()
+        if self.kv_events is not None:
+            self.kv_events.restart()
 
     def evict_held(self) -> int:
         """Free every pinned and leased block now (fault injection)."""
@@ -421,6 +439,7 @@ class SimEngine:
                     self._running.remove(seq)
                     continue
                 self._step(seq)
+            await self.publish_kv_events()  # one batch per step, as vLLM's scheduler sends
 
     def _prefill(self, seq: _Sequence) -> float:
         prompt = seq.request.prompt
@@ -431,7 +450,7 @@ class SimEngine:
         computed = len(prompt) - seq.computed
         self.pool.compute(seq.blocks, prompt, seq.computed, len(prompt))
         # Pulled and loaded blocks are cached under this prompt's token hashes (§3).
-        self.pool.cache(seq.blocks, token_hashes(prompt, size))
+        self.pool.cache(seq.blocks, prompt)
         self.metrics.prompt_sources(computed, seq.cached, seq.external)
         fingerprint = self.pool.fingerprint(seq.blocks, len(prompt))
         request = seq.request
@@ -507,7 +526,7 @@ class SimEngine:
         tokens = request.prompt + seq.output
         kept_tokens = len(tokens) - 1  # the last sampled token was never run
         self.pool.compute(seq.blocks, tokens, len(request.prompt), kept_tokens)
-        self.pool.cache(seq.blocks, token_hashes(tokens[:kept_tokens], self.config.block_size))
+        self.pool.cache(seq.blocks, tokens[:kept_tokens])
         keep = _cdiv(kept_tokens, self.config.block_size)
         held, extra = seq.blocks[:keep], seq.blocks[keep:]
         self.pool.release(extra)

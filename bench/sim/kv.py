@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import xxhash
 
+from router.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
 __all__ = ["SEED", "BlockPool", "OutOfBlocks", "chain", "token_hashes"]
 
 SEED = b"\x00" * 16
@@ -52,8 +54,18 @@ class OutOfBlocks(Exception):
 class BlockPool:
     """Reference-counted blocks, an LRU of free ones, and a prefix cache over full blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        prefix_caching: bool = True,
+        events: bool = False,
+    ) -> None:
         self.block_size = block_size
+        # What entered and left the prefix cache since the last ``take_events`` (vLLM's KV
+        # events), when events are on.
+        self.events: list[KVEvent] | None = [] if events else None
         self.num_blocks = num_blocks
         self.prefix_caching = prefix_caching
         self.content: list[bytes] = [SEED] * num_blocks
@@ -65,6 +77,10 @@ class BlockPool:
     @property
     def used(self) -> int:
         return self.num_blocks - len(self._free)
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._cache)
 
     def usage(self) -> float:
         return self.used / self.num_blocks
@@ -97,20 +113,57 @@ class BlockPool:
             old = self.key[block]
             if old is not None and self._cache.get(old) == block:
                 del self._cache[old]
+                if self.events is not None:
+                    self.events.append(BlockRemoved(block_hashes=[old], medium="GPU"))
             self.key[block] = None
             self.content[block] = SEED
             self.refs[block] = 1
             blocks.append(block)
         return blocks
 
-    def cache(self, blocks: Sequence[int], hashes: Sequence[bytes]) -> None:
-        """Enter full blocks into the prefix cache under the given token hashes."""
+    def cache(self, blocks: Sequence[int], tokens: Sequence[int]) -> None:
+        """Enter the full blocks of ``tokens`` into the prefix cache under their token hashes."""
         if not self.prefix_caching:
             return
-        for block, digest in zip(blocks, hashes, strict=False):
+        hashes = token_hashes(tokens, self.block_size)
+        stored: list[int] = []  # indices of blocks new to the cache
+        for index, (block, digest) in enumerate(zip(blocks, hashes, strict=False)):
             if digest not in self._cache:
                 self._cache[digest] = block
                 self.key[block] = digest
+                stored.append(index)
+        if self.events is not None and stored:
+            self._stored(stored, hashes, tokens)
+
+    def _stored(self, indices: list[int], hashes: list[bytes], tokens: Sequence[int]) -> None:
+        """One ``BlockStored`` per run of consecutive new blocks, as vLLM sends them."""
+        assert self.events is not None
+        size = self.block_size
+        runs: list[list[int]] = []
+        for index in indices:
+            if runs and runs[-1][-1] == index - 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            first, last = run[0], run[-1]
+            self.events.append(
+                BlockStored(
+                    block_hashes=[hashes[i] for i in run],
+                    parent_block_hash=hashes[first - 1] if first else None,
+                    token_ids=list(tokens[first * size : (last + 1) * size]),
+                    block_size=size,
+                    lora_id=None,
+                    medium="GPU",
+                    lora_name=None,
+                )
+            )
+
+    def take_events(self) -> list[KVEvent]:
+        if not self.events:
+            return []
+        taken, self.events = self.events, []
+        return taken
 
     def release(self, blocks: Sequence[int]) -> None:
         for block in blocks:
@@ -121,6 +174,8 @@ class BlockPool:
     def clear_cache(self) -> None:
         self._cache.clear()
         self.key = [None] * self.num_blocks
+        if self.events is not None:
+            self.events = [AllBlocksCleared()]
 
     def compute(self, blocks: Sequence[int], tokens: Sequence[int], start: int, end: int) -> None:
         """Compute KV for ``tokens[start:end]`` locally into ``blocks``.

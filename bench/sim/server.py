@@ -78,6 +78,7 @@ class SimServer:
                 web.get("/v1/models", self.models),
                 web.get("/version", self.version),
                 web.get("/metrics", self.metrics),
+                web.post("/reset_prefix_cache", self.reset_prefix_cache),
                 web.post("/sim/faults", self.set_faults),
                 web.get("/sim/state", self.state),
             ]
@@ -557,15 +558,23 @@ class SimServer:
                 "engine_id": engine.engine_id,
                 "held_requests": engine.held_requests,
                 "used_blocks": engine.pool.used,
+                "cached_blocks": engine.pool.cached_blocks,
                 "num_blocks": engine.pool.num_blocks,
                 "last_traceparent": self.last_traceparent,
             }
         )
 
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's (dev-mode) endpoint: forget every cached block (``AllBlocksCleared``)."""
+        self.engine.pool.clear_cache()
+        await self.engine.publish_kv_events()
+        return web.Response(status=200)
+
     async def set_faults(self, request: web.Request) -> web.Response:
-        """``{"kill"|"restart"|"evict_pinned": true}`` and ``{"advance_clock": seconds}`` (moves
-        this engine's clock forward: pins and leases expire as if that time had passed) act
-        once; the other fields stay set."""
+        """``{"kill"|"restart"|"evict_pinned": true}``, ``{"advance_clock": seconds}`` (moves
+        this engine's clock forward: pins and leases expire as if that time had passed) and
+        ``{"drop_kv_events": n}`` (the next n event batches miss the PUB socket, not the replay
+        buffer) act once; the other fields stay set."""
         try:
             body = await self._body(request)
         except EngineError as exc:
@@ -579,6 +588,11 @@ class SimServer:
             result["engine_id"] = self.engine.engine_id
         if body.pop("evict_pinned", False):
             result["evicted"] = self.engine.evict_held()
+        drop = body.pop("drop_kv_events", None)
+        if drop is not None:
+            if self.engine.kv_events is None or not isinstance(drop, int) or drop < 0:
+                return _error(400, "drop_kv_events takes a count >= 0 on an engine with events")
+            self.engine.kv_events.drop_next = drop
         advance = body.pop("advance_clock", None)
         if advance is not None:
             if not isinstance(advance, (int, float)) or isinstance(advance, bool) or advance < 0:

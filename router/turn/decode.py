@@ -8,6 +8,7 @@ turn again on another D with a fresh cold P leg, once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -30,6 +31,7 @@ from router.pool import Instance, Lease
 from router.relay import DecodeOutput
 from router.turn.commit import commit
 from router.turn.model import Prepared, TurnRequest
+from router.turn.placement import holding, note_choice
 from router.turn.prefill import run_prefill
 from router.turn.services import TurnServices
 from router.upstream import iter_sse
@@ -72,17 +74,30 @@ def decode_body(
 
 
 def _pick_decode(
-    svc: TurnServices, req: TurnRequest, tried: set[Instance], timed_out: set[Instance]
+    svc: TurnServices,
+    req: TurnRequest,
+    prepared: Prepared,
+    tried: set[Instance],
+    timed_out: set[Instance],
 ) -> Instance:
-    """Another D than those tried if there is one, else one tried again: a retry after a
-    dropped connection on the only D is better than a certain 503. One that timed out is
-    not tried again (the client has waited long enough)."""
-    instance = pick_decode(svc.pool.available(req.model, "decode", tried), svc.rng)
+    """The D holding most of the prompt (docs/kv-events.md), another than those tried if
+    there is one, else one tried again: a retry after a dropped connection on the only D is
+    better than a certain 503. One that timed out is not tried again (the client has waited
+    long enough)."""
+    choose = functools.partial(
+        pick_decode,
+        rng=svc.rng,
+        held=holding(svc, prepared),
+        affinity=prepared.record.decode if prepared.record is not None else None,
+        slack=svc.config.affinity_slack,
+    )
+    instance = choose(svc.pool.available(req.model, "decode", tried))
     if instance is None:
         again = svc.pool.available(req.model, "decode", timed_out)
-        instance = pick_decode([i for i in again if i in tried], svc.rng)
+        instance = choose([i for i in again if i in tried])
     if instance is None:
         raise EngineUnavailable(f"no healthy decode instance for {req.model_name}")
+    note_choice(svc, prepared, "decode", instance)
     return instance
 
 
@@ -92,7 +107,7 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _St
     last: UpstreamError | None = None
     for attempt in range(2):
         p_instance, p_params = await run_prefill(svc, req, prepared)
-        decode = _pick_decode(svc, req, tried, timed_out)
+        decode = _pick_decode(svc, req, prepared, tried, timed_out)
         body = decode_body(req, prepared.ids, p_params)
         url = f"{decode.url}{req.path}"
         held = contextlib.AsyncExitStack()

@@ -10,6 +10,7 @@ from router.policy import pick_prefill
 from router.pool import Instance
 from router.turn.commit import release_replaced
 from router.turn.model import Prepared, TurnPath, TurnRequest
+from router.turn.placement import holding, note_choice
 from router.turn.services import TurnServices
 from state import StoreUnavailable
 
@@ -49,6 +50,7 @@ async def run_prefill(
     """Run the P leg; ``(None, None)`` when no P could serve it (D then runs alone)."""
     tried: set[Instance] = set()
     affinity = prepared.record.prefill if prepared.record is not None else None
+    held = holding(svc, prepared)
     with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
         for _ in range(3):
             instance = pick_prefill(
@@ -56,9 +58,11 @@ async def run_prefill(
                 affinity,
                 svc.config.affinity_slack,
                 svc.rng,
+                held=held,
             )
             if instance is None:
                 return await _no_prefill(svc, req, prepared)
+            note_choice(svc, prepared, "prefill", instance)
             with_handle = prepared.plan.attaches_handle
             kv = (
                 prepared.plan.handle

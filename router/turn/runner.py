@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.config import ModelConfig, RouterConfig
+from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.outcomes import LeftToExpire, ReleaseCause
 from router.pool import InstancePool
@@ -43,6 +44,7 @@ class TurnRunner:
         *,
         clock: Callable[[], float] = time.time,
         planner: Planner = plan,
+        kv: KvEvents | None = None,
     ) -> None:
         self._svc = TurnServices(
             config,
@@ -54,6 +56,7 @@ class TurnRunner:
             rng or random.Random(),
             clock=clock,
             planner=planner,
+            kv=kv,
         )
 
     async def run(self, req: TurnRequest) -> TurnOutcome:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from router.config import ModelConfig, RouterConfig
 from router.errors import UpstreamError
+from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.outcomes import ReleaseCause
 from router.policy import pick_prefill
@@ -53,6 +54,7 @@ class TurnServices:
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.time  # wall clock: records, expiry, DELETE fences
     planner: Planner = plan
+    kv: KvEvents | None = None  # the KV-event index; None or empty: routing by load alone
     background: set[asyncio.Task[bool]] = field(default_factory=set)
 
     def renderer(self, model: ModelConfig) -> Renderer:

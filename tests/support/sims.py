@@ -8,6 +8,7 @@ from functools import cache
 from typing import Any
 
 from bench.sim.config import KVConnectorExtra, KVTransferConfig, SimConfig
+from bench.sim.kv_events import KVEventsSettings
 from bench.sim.server import SimServer
 from bench.sim.timing import Timing
 from router.render.chat_template import ChatTemplate
@@ -29,6 +30,7 @@ def sim_config(
     ttl: float = 480.0,
     threshold: int = 64,
     speed: float = 0.0,
+    kv_events: bool = False,
     **overrides: Any,
 ) -> SimConfig:
     kv = None
@@ -52,6 +54,16 @@ def sim_config(
         "kv_transfer": kv,
         "timing": Timing(speed=speed),
         "num_blocks": 4096,
+        "kv_events": (
+            KVEventsSettings(
+                enable_kv_cache_events=True,
+                publisher="zmq",
+                endpoint=f"tcp://127.0.0.1:{free_port()}",
+                replay_endpoint=f"tcp://127.0.0.1:{free_port()}",
+            )
+            if kv_events
+            else None
+        ),
     }
     fields.update(overrides)
     return SimConfig(**fields)

@@ -37,6 +37,12 @@ def router_args(prefill: list[SimServer], decode: list[SimServer], *extra: str) 
         args += ["--prefill", p.url]
     for d in decode:
         args += ["--decode", d.url]
+    for sim in (*prefill, *decode):
+        events = sim.config.kv_events
+        if events is not None:  # the sims bind loopback endpoints: the router connects there
+            args += ["--kv-events", f"{sim.url}={events.endpoint}"]
+            if events.replay_endpoint is not None:
+                args += ["--kv-events-replay", f"{sim.url}={events.replay_endpoint}"]
     return [*args, "--health-interval", "0.2", *extra]
 
 

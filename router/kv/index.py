@@ -1,0 +1,199 @@
+"""Which blocks every engine holds, from its KV events; pure, no I/O (docs/kv-events.md).
+
+Each instance's blocks are kept under our chained keys (router/kv/chain.py), so asking how much
+of a prompt an instance holds is one walk down the prompt's chain. The engine's own hashes are
+kept only to apply ``BlockRemoved`` (which names blocks by them alone).
+
+Memory: an instance holds at most as many blocks as its KV cache (plus offload tiers), and the
+index two dict entries per block and tier; ``max_blocks`` is the bound past which an instance's
+entries are dropped (it can only be passed when removals were lost).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import IntFlag, StrEnum
+
+from router.kv.chain import ROOT, chain_hashes, extend
+from router.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KVEvent
+
+__all__ = ["Cached", "InstanceBlocks", "KvIndex", "Prompt", "Skipped", "Tier"]
+
+
+class Tier(IntFlag):
+    """Where a block is: vLLM's ``medium`` (``GPU``, or ``None`` for the engine's own KV
+    cache; ``CPU`` and ``STORAGE`` for offload tiers such as LMCache)."""
+
+    DEVICE = 1
+    HOST = 2
+    STORAGE = 4
+
+    @classmethod
+    def of(cls, medium: str | None) -> Tier:
+        if medium is None or medium == "GPU":
+            return cls.DEVICE
+        return cls.HOST if medium == "CPU" else cls.STORAGE
+
+
+class Skipped(StrEnum):
+    """Why stored blocks were not indexed (a metric label)."""
+
+    #: LoRA, multimodal or cache-salt keys: not interchangeable with plain token blocks.
+    EXTRA_KEYS = "extra_keys"
+    #: A second KV cache group (hybrid models): group 0 decides the prefix.
+    OTHER_GROUP = "other_group"
+    #: The parent block is unknown here (stored before we listened, or already removed).
+    UNKNOWN_PARENT = "unknown_parent"
+    #: ``token_ids`` do not fill ``block_hashes`` blocks of ``block_size``.
+    MALFORMED = "malformed"
+
+
+@dataclass(frozen=True, slots=True)
+class Cached:
+    """The leading blocks of a prompt an instance holds: in any tier, and on the device."""
+
+    tokens: int = 0
+    device_tokens: int = 0
+
+
+@dataclass
+class InstanceBlocks:
+    """One instance's blocks."""
+
+    max_blocks: int = 4_000_000
+    block_size: int | None = None
+    #: (tier, engine hash) -> our key.
+    _keys: dict[tuple[Tier, BlockHash], int] = field(default_factory=dict)
+    #: our key -> the tiers holding it.
+    _held: dict[int, Tier] = field(default_factory=dict)
+    skipped: dict[Skipped, int] = field(default_factory=dict)
+    overflows: int = 0
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._held.clear()
+
+    def apply(self, event: KVEvent) -> None:
+        if isinstance(event, BlockStored):
+            self._store(event)
+        elif isinstance(event, BlockRemoved):
+            self._remove(event)
+        elif isinstance(event, AllBlocksCleared):
+            self.clear()
+
+    def _skip(self, why: Skipped, blocks: int) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + blocks
+
+    def _store(self, event: BlockStored) -> None:
+        count = len(event.block_hashes)
+        if event.group_idx not in (None, 0):
+            return self._skip(Skipped.OTHER_GROUP, count)
+        if event.lora_name is not None or (
+            event.extra_keys is not None and any(k for k in event.extra_keys)
+        ):
+            return self._skip(Skipped.EXTRA_KEYS, count)
+        size = event.block_size
+        if size <= 0 or len(event.token_ids) != count * size:
+            return self._skip(Skipped.MALFORMED, count)
+        if self.block_size != size:  # a new configuration (a restart): old blocks are moot
+            self.clear()
+            self.block_size = size
+        tier = Tier.of(event.medium)
+        if event.parent_block_hash is None:
+            parent = ROOT
+        else:
+            found = self._parent(event.parent_block_hash, tier)
+            if found is None:
+                return self._skip(Skipped.UNKNOWN_PARENT, count)
+            parent = found
+        tokens = event.token_ids
+        for i, engine_hash in enumerate(event.block_hashes):
+            parent = extend(parent, tokens[i * size : (i + 1) * size])
+            self._keys[(tier, engine_hash)] = parent
+            self._held[parent] = self._held.get(parent, Tier(0)) | tier
+        if len(self._keys) > self.max_blocks:
+            # Only lost removals get here; stale entries would never leave otherwise.
+            self.overflows += 1
+            self.clear()
+
+    def _parent(self, engine_hash: BlockHash, tier: Tier) -> int | None:
+        found = self._keys.get((tier, engine_hash))
+        if found is None:
+            for other in Tier:
+                found = self._keys.get((other, engine_hash))
+                if found is not None:
+                    break
+        return found
+
+    def _remove(self, event: BlockRemoved) -> None:
+        if event.group_idx not in (None, 0):
+            return
+        tier = Tier.of(event.medium)
+        for engine_hash in event.block_hashes:
+            key = self._keys.pop((tier, engine_hash), None)
+            if key is None:
+                continue
+            left = self._held.get(key, Tier(0)) & ~tier
+            if left:
+                self._held[key] = left
+            else:
+                self._held.pop(key, None)
+
+    def cached(self, keys: Sequence[int]) -> Cached:
+        """How many leading blocks of a prompt (its chain ``keys``) this instance holds."""
+        held = self._held
+        blocks = device = 0
+        on_device = True
+        for key in keys:
+            tiers = held.get(key)
+            if tiers is None:
+                break
+            blocks += 1
+            on_device = on_device and bool(tiers & Tier.DEVICE)
+            device += on_device
+        size = self.block_size or 0
+        return Cached(blocks * size, device * size)
+
+
+class Prompt:
+    """A prompt's chain keys, computed once per block size for every instance asked."""
+
+    __slots__ = ("_chains", "ids")
+
+    def __init__(self, ids: Sequence[int]) -> None:
+        self.ids = ids
+        self._chains: dict[int, list[int]] = {}
+
+    def keys(self, block_size: int) -> list[int]:
+        keys = self._chains.get(block_size)
+        if keys is None:
+            keys = self._chains[block_size] = chain_hashes(self.ids, block_size)
+        return keys
+
+
+@dataclass
+class KvIndex:
+    """Every instance's blocks, by instance name. An instance without events has no entry
+    (routing treats it by load alone)."""
+
+    max_blocks: int = 4_000_000
+    instances: dict[str, InstanceBlocks] = field(default_factory=dict)
+
+    def of(self, name: str) -> InstanceBlocks:
+        blocks = self.instances.get(name)
+        if blocks is None:
+            blocks = self.instances[name] = InstanceBlocks(self.max_blocks)
+        return blocks
+
+    def cached(self, name: str, prompt: Prompt) -> Cached | None:
+        """``None``: nothing is known of this instance (no events)."""
+        blocks = self.instances.get(name)
+        if blocks is None:
+            return None
+        if blocks.block_size is None:
+            return Cached()
+        return blocks.cached(prompt.keys(blocks.block_size))

@@ -1,0 +1,60 @@
+"""Metrics of the KV index (README, Operations)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+__all__ = ["KvMetrics"]
+
+
+class KvMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.blocks = Gauge(
+            "carryover_kv_index_blocks",
+            "Blocks the KV index holds for the instance (all tiers).",
+            ["instance"],
+            registry=r,
+        )
+        self.events = Counter(
+            "carryover_kv_events",
+            "KV events applied to the index.",
+            ["instance"],
+            registry=r,
+        )
+        self.skipped = Counter(
+            "carryover_kv_events_skipped",
+            "Stored blocks or events not indexed, by why.",
+            ["instance", "why"],
+            registry=r,
+        )
+        self.replays = Counter(
+            "carryover_kv_event_replays",
+            "Replays asked of the engine after a gap in its event sequence, by outcome.",
+            ["instance", "outcome"],
+            registry=r,
+        )
+        self.resets = Counter(
+            "carryover_kv_index_resets",
+            "Times an instance's entries were dropped, by cause.",
+            ["instance", "cause"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "carryover_kv_event_lag_seconds",
+            "Age of the newest applied batch when it was applied (engine clock vs ours).",
+            ["instance"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "carryover_kv_cached_tokens",
+            "Prompt tokens the chosen instance already held, by leg (index hits).",
+            ["leg"],
+            registry=r,
+        )
+        self.queried_tokens = Counter(
+            "carryover_kv_queried_tokens",
+            "Prompt tokens of turns routed with the index, by leg.",
+            ["leg"],
+            registry=r,
+        )

@@ -1,0 +1,86 @@
+"""The KV index of a router process and the subscriptions that keep it (one per instance
+with ``kv_events``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import zmq.asyncio
+
+from router.config import RouterConfig
+from router.kv.index import KvIndex
+from router.kv.metrics import KvMetrics
+from router.kv.subscriber import EventSubscriber
+
+__all__ = ["KvEvents"]
+
+log = logging.getLogger("carryover.kv")
+
+
+class KvEvents:
+    def __init__(self, config: RouterConfig, metrics: KvMetrics) -> None:
+        self.index = KvIndex()
+        self.metrics = metrics
+        self._context: zmq.asyncio.Context | None = None
+        self.subscribers: dict[str, EventSubscriber] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sources = [
+            (instance.label, instance.kv_events, instance.kv_events_replay)
+            for model in config.models
+            for instance in (*model.prefill, *model.decode)
+            if instance.kv_events is not None
+        ]
+
+    def instance_restarted(self, name: str) -> None:
+        subscriber = self.subscribers.get(name)
+        if subscriber is not None:
+            subscriber.restarted()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._sources)
+
+    def start(self) -> None:
+        if not self._sources:
+            return
+        self._context = zmq.asyncio.Context()
+        for name, endpoint, replay in self._sources:
+            assert endpoint is not None
+            subscriber = EventSubscriber(
+                name,
+                endpoint,
+                replay,
+                self.index.of(name),
+                self.metrics,
+                context=self._context,
+            )
+            self.subscribers[name] = subscriber
+            self._tasks.append(asyncio.create_task(self._run(subscriber)))
+
+    async def _run(self, subscriber: EventSubscriber) -> None:
+        # ZMQ reconnects by itself; only an error of ours ends a run, and it starts again.
+        while True:
+            try:
+                await subscriber.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(
+                    "kv events of %s: subscriber failed; starting again", subscriber.instance
+                )
+                subscriber.blocks.clear()
+                subscriber.last = None
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._context is not None:
+            self._context.destroy(linger=0)
+            self._context = None

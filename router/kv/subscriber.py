@@ -1,0 +1,219 @@
+"""One engine's KV events into the index: a ZMQ subscription, and replays after gaps.
+
+vLLM numbers its batches from 0 per publisher (a restart starts again at 0) and keeps the last
+``buffer_steps`` of them for replay on a ROUTER socket (docs/kv-events.md). This task:
+
+- on start, asks for a replay from 0 (what the engine did before we listened);
+- applies batches in sequence order; on a gap, asks for a replay of the missing ones;
+- drops the instance's entries when the sequence starts again (a restart) or a gap cannot be
+  replayed (a removal may be lost, and a lost removal would never leave the index).
+
+Routing only *chooses* instances with what it learns here; nothing it holds is trusted for
+correctness, so an index that lags or is cleared costs speed, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from router.kv.events import END_SEQ, KVEventBatch, decode_batch
+from router.kv.index import InstanceBlocks
+from router.kv.metrics import KvMetrics
+
+__all__ = ["EventSubscriber", "ReplayOutcome", "ResetCause"]
+
+log = logging.getLogger("carryover.kv")
+
+
+class ReplayOutcome(StrEnum):
+    RECOVERED = "recovered"
+    #: No replay socket configured, or it did not answer in time, or it no longer held the
+    #: batches asked for.
+    FAILED = "failed"
+
+
+class ResetCause(StrEnum):
+    RESTART = "restart"
+    LOST_EVENTS = "lost_events"
+    OVERFLOW = "overflow"
+
+
+class EventSubscriber:
+    """Keeps ``blocks`` true to the events of the engine at ``endpoint``."""
+
+    def __init__(
+        self,
+        instance: str,
+        endpoint: str,
+        replay_endpoint: str | None,
+        blocks: InstanceBlocks,
+        metrics: KvMetrics,
+        *,
+        context: zmq.asyncio.Context,
+        replay_timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.instance = instance
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.blocks = blocks
+        self.metrics = metrics
+        self.context = context
+        self.replay_timeout = replay_timeout
+        self.clock = clock
+        #: The last sequence number applied (``None``: nothing yet).
+        self.last: int | None = None
+        #: Batches a replay gave that may still arrive live: a live batch with the same number
+        #: and bytes is a copy; other bytes under a replayed number mean a new engine.
+        self._replayed: dict[int, bytes] = {}
+        self.applied = asyncio.Event()  # set after each applied batch (tests wait on it)
+
+    async def run(self) -> None:
+        sub = self.context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.LINGER, 0)
+        # A dropped and renewed connection may be a new engine process at the same address:
+        # what it held is unknown, so it counts as a restart (a replay brings back the rest).
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        sub.connect(self.endpoint)
+        connected_before = False
+        try:
+            if self.replay_endpoint is not None:
+                await self._replay_from(0)
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    event = parse_monitor_message(await monitor.recv_multipart())
+                    if event["event"] == zmq.EVENT_CONNECTED:
+                        if connected_before:
+                            self.restarted()
+                        connected_before = True
+                    continue  # the data socket is read on the next turn of the loop
+                frames = await sub.recv_multipart()
+                if len(frames) != 3:
+                    continue
+                _, seq_bytes, payload = frames
+                await self._receive(int.from_bytes(seq_bytes, "big", signed=True), payload)
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    def restarted(self) -> None:
+        """The instance restarted (the pool saw a new process): what it held is gone. The next
+        batch (of the new engine) asks for a replay from its start."""
+        self._reset(ResetCause.RESTART)
+        self.last = None
+        self._replayed.clear()
+
+    async def _receive(self, seq: int, payload: bytes) -> None:
+        if self._replayed:
+            copy = self._replayed.get(seq)
+            if copy == payload:
+                return  # arrived live after a replay gave it
+            if copy is None and seq > max(self._replayed):
+                self._replayed.clear()  # live again past the replay
+        if self.last is not None and seq <= self.last:
+            # The sequence started again: a new engine process with a new cache.
+            self._reset(ResetCause.RESTART)
+            self.last = None
+            self._replayed.clear()
+        expected = 0 if self.last is None else self.last + 1
+        # Joined mid-stream without a replay socket: learn from here on.
+        if seq > expected and (self.last is not None or self.replay_endpoint is not None):
+            await self._replay_from(expected, upto=seq)
+        self._apply(seq, payload)
+
+    async def _replay_from(self, start: int, upto: int | None = None) -> None:
+        """Apply the engine's buffered batches from ``start``. ``upto`` (exclusive) is the
+        batch in hand: every one before it must come back, or what we hold is incomplete.
+        Without ``upto`` (the first join) whatever is still buffered is the best there is."""
+        got = await self._fetch(start) if self.replay_endpoint is not None else None
+        if upto is None:
+            complete = got is not None
+        else:
+            seen = {seq for seq, _ in got or []}
+            complete = all(s in seen for s in range(start, upto))
+        outcome = ReplayOutcome.RECOVERED if complete else ReplayOutcome.FAILED
+        self.metrics.replays.labels(self.instance, outcome).inc()
+        if not complete and upto is not None:
+            self._reset(ResetCause.LOST_EVENTS)
+        for seq, payload in got or []:
+            if upto is not None and seq >= upto:
+                break  # the caller applies the batch in hand; later ones come live
+            self._apply(seq, payload)
+            self._replayed[seq] = payload
+
+    async def _fetch(self, start: int) -> list[tuple[int, bytes]] | None:
+        """Batches ``>= start`` from the replay socket, or ``None`` if it did not finish."""
+        assert self.replay_endpoint is not None
+        dealer = self.context.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.replay_endpoint)
+        got: list[tuple[int, bytes]] = []
+        try:
+            await dealer.send_multipart((b"", start.to_bytes(8, "big")))
+            while True:
+                async with asyncio.timeout(self.replay_timeout):
+                    frames = await dealer.recv_multipart()
+                if len(frames) != 4:
+                    continue
+                _, _, seq_bytes, payload = frames
+                seq = int.from_bytes(seq_bytes, "big", signed=True)
+                if seq == END_SEQ:
+                    return got
+                got.append((seq, payload))
+        except TimeoutError:
+            log.warning("kv events: %s did not finish a replay", self.instance)
+            return None
+        finally:
+            dealer.close(linger=0)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        try:
+            batch, skipped = decode_batch(payload)
+        except (msgspec.DecodeError, ValueError):
+            self.metrics.skipped.labels(self.instance, "undecodable").inc()
+            self.last = seq
+            return
+        if skipped:
+            self.metrics.skipped.labels(self.instance, "unknown_event").inc(skipped)
+        self._apply_batch(batch)
+        self.last = seq
+        self.applied.set()
+        self.applied = asyncio.Event()
+
+    def _apply_batch(self, batch: KVEventBatch) -> None:
+        blocks = self.blocks
+        overflows = blocks.overflows
+        skipped_before = dict(blocks.skipped)
+        for event in batch.events:
+            blocks.apply(event)
+        if blocks.overflows != overflows:
+            self.metrics.resets.labels(self.instance, ResetCause.OVERFLOW).inc()
+        for why, count in blocks.skipped.items():
+            if count != skipped_before.get(why, 0):
+                self.metrics.skipped.labels(self.instance, why).inc(
+                    count - skipped_before.get(why, 0)
+                )
+        self.metrics.events.labels(self.instance).inc(len(batch.events))
+        self.metrics.blocks.labels(self.instance).set(len(blocks))
+        self.metrics.lag.labels(self.instance).set(max(0.0, self.clock() - batch.ts))
+
+    def _reset(self, cause: ResetCause) -> None:
+        log.info("kv events: dropping what is known of %s (%s)", self.instance, cause)
+        self.blocks.clear()
+        self.metrics.resets.labels(self.instance, cause).inc()
+        self.metrics.blocks.labels(self.instance).set(0)

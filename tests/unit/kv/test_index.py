@@ -1,0 +1,159 @@
+"""The KV index answers what the engine's events say it holds (router/kv/index.py)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+)
+from router.kv.index import Cached, InstanceBlocks, KvIndex, Prompt, Skipped
+
+SIZE = 4
+
+
+def engine_hash(parent: bytes | None, tokens: list[int]) -> bytes:
+    """A stand-in for vLLM's hash: any injective function of the chain will do."""
+    return hashlib.sha256((parent or b"") + bytes(str(tokens), "ascii")).digest()
+
+
+def hashes_of(ids: list[int], blocks: int) -> list[bytes]:
+    """The engine's hashes of the first ``blocks`` blocks of ``ids``."""
+    out: list[bytes] = []
+    parent: bytes | None = None
+    for b in range(blocks):
+        parent = engine_hash(parent, ids[b * SIZE : (b + 1) * SIZE])
+        out.append(parent)
+    return out
+
+
+def stored(
+    ids: list[int], start_block: int, blocks: int, medium: str | None = "GPU", **extra: object
+) -> BlockStored:
+    """A BlockStored for blocks ``start_block .. start_block + blocks`` of ``ids``."""
+    hashes = hashes_of(ids, start_block + blocks)
+    return BlockStored(
+        block_hashes=hashes[start_block:],
+        parent_block_hash=hashes[start_block - 1] if start_block else None,
+        token_ids=ids[start_block * SIZE : (start_block + blocks) * SIZE],
+        block_size=SIZE,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+PROMPT = list(range(100, 124))  # six blocks
+
+
+def test_stored_blocks_are_found_as_a_prefix_and_removed_ones_are_not() -> None:
+    index = KvIndex()
+    blocks = index.of("p0")
+    blocks.apply(stored(PROMPT, 0, 2))
+    blocks.apply(stored(PROMPT, 2, 2))  # a later event continues the chain through its parent
+    assert index.cached("p0", Prompt(PROMPT + [1, 2])) == Cached(16, 16)
+    # Another prompt that diverges inside block 2 shares two blocks.
+    other = PROMPT[:9] + [7] + PROMPT[10:]
+    assert index.cached("p0", Prompt(other)) == Cached(8, 8)
+    blocks.apply(BlockRemoved(block_hashes=hashes_of(PROMPT, 2)[1:], medium="GPU"))
+    assert index.cached("p0", Prompt(PROMPT)) == Cached(4, 4)
+    blocks.apply(AllBlocksCleared())
+    assert index.cached("p0", Prompt(PROMPT)) == Cached(0, 0)
+    assert index.cached("unknown", Prompt(PROMPT)) is None  # no events: nothing known
+
+
+def test_offloaded_blocks_count_but_not_as_device_blocks() -> None:
+    blocks = InstanceBlocks()
+    blocks.apply(stored(PROMPT, 0, 1))
+    blocks.apply(stored(PROMPT, 1, 2, medium="CPU"))
+    assert blocks.cached(Prompt(PROMPT).keys(SIZE)) == Cached(12, 4)
+    # Removed from the device but kept on the host: still there.
+    blocks.apply(stored(PROMPT, 1, 2))
+    blocks.apply(BlockRemoved(block_hashes=hashes_of(PROMPT, 3)[1:], medium="CPU"))
+    assert blocks.cached(Prompt(PROMPT).keys(SIZE)) == Cached(12, 12)
+
+
+def test_blocks_that_are_not_plain_token_blocks_are_skipped() -> None:
+    blocks = InstanceBlocks()
+    blocks.apply(stored(PROMPT, 0, 1, extra_keys=[("salt",)]))
+    blocks.apply(stored(PROMPT, 0, 1, group_idx=1))
+    assert blocks.cached(Prompt(PROMPT).keys(SIZE)).tokens == 0
+    # A chain whose parent was never seen cannot be keyed.
+    blocks.apply(stored(PROMPT, 1, 1))
+    assert blocks.skipped == {
+        Skipped.EXTRA_KEYS: 1,
+        Skipped.OTHER_GROUP: 1,
+        Skipped.UNKNOWN_PARENT: 1,
+    }
+    assert len(blocks) == 0
+
+
+def test_a_new_block_size_drops_what_was_known_and_overflow_clears() -> None:
+    blocks = InstanceBlocks(max_blocks=3)
+    blocks.apply(stored(PROMPT, 0, 2))
+    assert len(blocks) == 2
+    blocks.apply(stored(PROMPT, 2, 2))  # 4 > 3: removals were lost, start over
+    assert len(blocks) == 0 and blocks.overflows == 1
+    blocks.apply(stored(PROMPT, 0, 1))
+    bigger = BlockStored([b"x"], None, PROMPT[:8], 8, None, "GPU", None)
+    blocks.apply(bigger)
+    assert blocks.block_size == 8 and len(blocks) == 1
+
+
+def test_a_batch_round_trips_in_vllms_wire_shape_and_unknown_events_are_skipped() -> None:
+    import msgspec
+
+    batch = KVEventBatch(1.5, [stored(PROMPT, 0, 1), AllBlocksCleared()])
+    payload = encode_batch(batch)
+    # vLLM's shape: [ts, [ {"type": "BlockStored", ...}, {"type": "AllBlocksCleared"} ]]
+    raw = msgspec.msgpack.decode(payload)
+    assert raw[0] == 1.5 and raw[1][0]["type"] == "BlockStored"
+    assert raw[1][1] == {"type": "AllBlocksCleared"}
+    assert decode_batch(payload) == (batch, 0)
+    newer = msgspec.msgpack.encode([2.0, [{"type": "BlockPinned", "x": 1}, raw[1][1]], 0])
+    decoded, skipped = decode_batch(newer)
+    assert decoded.events == [AllBlocksCleared()] and skipped == 1
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=6), min_size=1, max_size=6),
+    st.lists(st.integers(0, 5), max_size=6),
+    st.lists(st.integers(0, 3), min_size=0, max_size=24),
+)
+def test_the_index_agrees_with_a_model_of_the_cache(
+    prompts: list[list[int]], removals: list[int], query: list[int]
+) -> None:
+    """Store each prompt's blocks, remove some by hash; the answer is the longest run of
+    leading blocks of the query that are still stored."""
+    blocks = InstanceBlocks()
+    present: set[tuple[int, ...]] = set()  # prefixes (whole blocks) held
+    every: list[tuple[bytes, tuple[int, ...]]] = []
+    for raw in prompts:
+        ids = [t for t in raw for _ in range(SIZE)]  # whole blocks
+        n = len(ids) // SIZE
+        if n == 0:
+            continue
+        blocks.apply(stored(ids, 0, n))
+        for b, h in enumerate(hashes_of(ids, n)):
+            prefix = tuple(ids[: (b + 1) * SIZE])
+            present.add(prefix)
+            every.append((h, prefix))
+    for r in removals:
+        if r < len(every):
+            h, prefix = every[r]
+            blocks.apply(BlockRemoved([h], "GPU"))
+            present.discard(prefix)
+    q = [t for t in query for _ in range(SIZE)]
+    expected = 0
+    while expected + SIZE <= len(q) and tuple(q[: expected + SIZE]) in present:
+        expected += SIZE
+    assert blocks.cached(Prompt(q).keys(SIZE)).tokens == expected
