@@ -49,6 +49,12 @@ def _transport_error(exc: httpx.TransportError, what: str) -> UpstreamError:
         cause is None and isinstance(exc, httpx.ConnectError)
     ):
         return EngineUnavailable(f"cannot connect to {what}")
+    if isinstance(cause, aiohttp.ConnectionTimeoutError) or (
+        cause is None and isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout)
+    ):
+        # No connection within the deadline: the request was never sent, so it may go again,
+        # to this instance too (unlike a timeout while the engine runs it).
+        return EngineUnavailable(f"cannot connect to {what} in time")
     if isinstance(cause, aiohttp.ServerTimeoutError | TimeoutError) or (
         cause is None and isinstance(exc, httpx.TimeoutException)
     ):

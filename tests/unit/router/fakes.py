@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 
 MODEL = "fake-model"
@@ -44,6 +45,9 @@ class FakeEngine:
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)  # statuses for the next requests
     hang: asyncio.Event | None = None  # generation waits until it is set
+    # The next N generation requests never connect: aiohttp's connect deadline fires (the
+    # request is not sent), as the aiohttp transport reports it.
+    connect_timeouts: int = 0
     holds: dict[str, Handle] = field(default_factory=dict)  # D: pinned handles
     reads: list[str] = field(default_factory=list)  # P: handles it pulled
     releases: list[str] = field(default_factory=list)  # P: handles it released
@@ -70,6 +74,12 @@ class FakeFleet(httpx.AsyncBaseTransport):
         path = request.url.path
         if request.method == "GET":
             return self._get(path)
+        if engine.connect_timeouts and path != "/tokenize":
+            engine.connect_timeouts -= 1
+            try:
+                raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url}")
+            except aiohttp.ConnectionTimeoutError as exc:
+                raise httpx.TimeoutException(str(exc), request=request) from exc
         body = json.loads(await request.aread())
         if path == "/tokenize":
             ids = render(body["messages"]) if "messages" in body else encode(body["prompt"])

@@ -104,6 +104,16 @@ async def test_a_failed_decode_runs_again_with_a_fresh_cold_prefill(rig: Rig) ->
     assert len(handles_sent_to_p(rig.p)) == 1  # the retry's P leg ran cold
 
 
+async def test_a_decode_that_could_not_be_reached_in_time_is_tried_again(rig: Rig) -> None:
+    # A connect deadline means the request never left: the only D is tried again, not given
+    # up on as a D that timed out while running the request.
+    await rig.chat(history(1))
+    rig.d.connect_timeouts = 1
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "cold-error")
+    assert len(rig.d.requests) == 2  # turn 1 and the retry; the first attempt never arrived
+
+
 async def test_a_streamed_turn_is_stripped_and_stored(rig: Rig) -> None:
     body = {"messages": history(1), "conversation_id": "c1", "stream": True}
     async with rig.client.stream("POST", "/v1/chat/completions", json=body) as r:
