@@ -81,6 +81,17 @@ class VllmInstance:
     side_port: int
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    events_port: int = field(default_factory=_free_port)
+    replay_port: int = field(default_factory=_free_port)
+
+    @property
+    def kv_events(self) -> str:
+        """Where a subscriber connects (vLLM binds ``tcp://*:port``)."""
+        return f"tcp://127.0.0.1:{self.events_port}"
+
+    @property
+    def kv_events_replay(self) -> str:
+        return f"tcp://127.0.0.1:{self.replay_port}"
 
     @property
     def url(self) -> str:
@@ -94,6 +105,7 @@ class VllmPair:
     d_extra: dict[str, Any] = field(default_factory=dict)
     p_args: list[str] = field(default_factory=list)
     d_args: list[str] = field(default_factory=list)
+    kv_events: bool = False  # both engines publish KV events (and keep them for replay)
     prefill: VllmInstance | None = None
     decode: VllmInstance | None = None
 
@@ -140,6 +152,15 @@ class VllmPair:
             json.dumps(config),
             *(self.p_args if producer else self.d_args),
         ]
+        if self.kv_events:
+            # A "*" endpoint binds (vLLM connects to any other); the replay socket always binds.
+            events = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{instance.events_port}",
+                "replay_endpoint": f"tcp://*:{instance.replay_port}",
+            }
+            args += ["--kv-events-config", json.dumps(events)]
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": "1",

@@ -37,6 +37,9 @@ def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmPair]:
         # Without a prefix cache on P every pull is whole, so P's counters say exactly what
         # the router attached; D keeps its cache (the realistic side).
         p_args=["--no-enable-prefix-caching"],
+        # Both publish KV events: every router of this tier keeps an index of them, so the
+        # subscriber meets vLLM's own wire format in every test.
+        kv_events=True,
     )
     try:  # a failed start or warm-up stops both engines too
         pair.start()
@@ -69,14 +72,26 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
         "10",
         "--store-timeout",
         "5",
+        # A router starved for tens of seconds by the engines beside it was seen to miss a
+        # 10 s connect deadline to D (its own loop ran late, not D).
         "--connect-timeout",
-        "10",
+        "60",
         "--prefill-timeout",
         "120",
         "--first-byte-timeout",
         "300",
         "--admin-key",
         "admin-secret",
+        *(
+            flag
+            for instance in (pair.prefill, pair.decode)
+            for flag in (
+                "--kv-events",
+                f"{instance.url}={instance.kv_events}",
+                "--kv-events-replay",
+                f"{instance.url}={instance.kv_events_replay}",
+            )
+        ),
         *extra,
     ]
 

@@ -201,6 +201,54 @@ async def test_completions_full_reuse_over_five_turns(
         previous_r = len(prompt) + len(got["choices"][0]["token_ids"]) - 1
 
 
+async def test_the_kv_index_follows_vllms_own_events(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    """The router's index, fed by D's KV events, says D holds what D's own prefix-cache
+    counter then shows it did not compute (docs/kv-events.md)."""
+    p_url, d_url = urls(vllm_pair)
+    assert vllm_pair.decode is not None
+    d_name = vllm_pair.decode.url.removeprefix("http://")
+    nonce = uuid.uuid4().hex[:8]
+    prompt = await tokenize(
+        client,
+        p_url,
+        messages=[{"role": "user", "content": text(nonce, 0)}],
+        add_generation_prompt=True,
+    )
+    r = await completion(client, real_router.url, prompt, conversation=nonce)
+    assert r.status_code == 200, r.text
+    output = r.json()["choices"][0]["token_ids"]
+    history = len(prompt) + len(output) - 1  # what D ran and keeps
+    blocks = f"carryover_kv_index_blocks{{instance={d_name}}}"
+    await eventually(
+        lambda: ascrape(client, real_router.url),
+        lambda values: values.get(blocks, 0.0) >= history // BLOCK,
+        what="the index holds D's blocks of the first turn",
+        timeout=120,
+    )
+    router = await ascrape(client, real_router.url)
+    for why in ("undecodable", "unknown_event"):
+        assert (
+            router.get(f"carryover_kv_events_skipped_total{{instance={d_name},why={why}}}", 0) == 0
+        )
+    suffix = (
+        f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 40)}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    second = prompt + output + await tokenize(client, p_url, prompt=suffix)
+    said = "carryover_kv_cached_tokens_total{leg=decode}"
+    hits = "vllm:prompt_tokens_by_source_total{source=local_cache_hit}"
+    said_before = router.get(said, 0.0)
+    hits_before = (await ascrape(client, d_url)).get(hits, 0.0)
+    r = await completion(client, real_router.url, second, conversation=nonce)
+    assert r.status_code == 200, r.text
+    said_delta = (await ascrape(client, real_router.url)).get(said, 0.0) - said_before
+    hits_delta = (await ascrape(client, d_url)).get(hits, 0.0) - hits_before
+    assert said_delta >= history // BLOCK * BLOCK
+    # vLLM leaves at least the prompt's last token to compute.
+    assert hits_delta == min(said_delta, (len(second) - 1) // BLOCK * BLOCK)
+
+
 async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(
     client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
 ) -> None:
