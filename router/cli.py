@@ -51,6 +51,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--decoder-kv-blocks-ttl", type=float)
     p.add_argument("--queue-margin", type=float)
     p.add_argument("--kv-recompute-threshold", type=int)
+    p.add_argument(
+        "--decode-local-max-tokens",
+        type=int,
+        help="run a turn on D alone when D holds all but at most this many prompt tokens",
+    )
     p.add_argument("--no-partial-reuse", action="store_true")
     p.add_argument("--no-reuse", action="store_true", help="plain P/D, no conversation state")
     p.add_argument(
@@ -176,6 +181,9 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
                 args.kv_recompute_threshold, "KV_RECOMPUTE_THRESHOLD", int
             ),
             "when_prefill_down": pick(args.when_prefill_down, "WHEN_PREFILL_DOWN"),
+            "decode_local_max_tokens": pick(
+                args.decode_local_max_tokens, "DECODE_LOCAL_MAX_TOKENS", int
+            ),
         }
         model.update({k: v for k, v in overrides.items() if v is not None})
         render_url = pick(args.render, "RENDER")

@@ -97,6 +97,9 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         kv_recompute_threshold: P's ``kv_recompute_threshold`` (vLLM default 64).
         partial_reuse: reuse the blocks before a divergence (on by default).
         reuse: keep conversations' KV at all (off: a plain P/D router).
+        decode_local_max_tokens: a turn whose D (chosen by the KV-event index) already holds
+            all of its prompt but at most this many tokens runs on D alone, without a P leg
+            (path ``decode-local``); 0 turns this off (docs/kv-events.md).
         when_prefill_down: with no prefill instance able to serve, ``"decode-alone"`` lets D
             compute the whole prompt (slower first token, still a handle for the next turn);
             ``"fail"`` answers 503 at once, for fleets where a D busy prefilling would hurt
@@ -114,6 +117,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     partial_reuse: bool = True
     reuse: bool = True
     when_prefill_down: Literal["decode-alone", "fail"] = "decode-alone"
+    decode_local_max_tokens: int = 0
 
     @property
     def record_ttl(self) -> float:

@@ -47,6 +47,9 @@ class ReleaseCause(StrEnum):
     # The prompt had images, audio or embeddings: its ids do not determine its KV, so what D
     # holds is never stored for a later turn.
     IDS_DO_NOT_DETERMINE_KV = "ids_do_not_determine_kv"
+    # The turn ran on a D that already held its history (decode-local): the handle is not
+    # needed, and D's pin would only hold blocks until its TTL.
+    DECODE_LOCAL = "decode_local"
 
 
 class LeftToExpire(StrEnum):
@@ -66,3 +69,6 @@ class LeftToExpire(StrEnum):
     SENT_THEN_CANCELLED = "sent_then_cancelled"
     # No P to carry a release: D served the turn alone.
     NO_PREFILL = "no_prefill"
+    # The client left while a decode-local turn ran: the handle kept for release after D's
+    # answer is left to D's TTL.
+    DECODE_LOCAL_CANCELLED = "decode_local_cancelled"

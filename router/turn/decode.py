@@ -24,13 +24,14 @@ from router.errors import (
     UpstreamError,
     is_client_fault,
 )
+from router.kv.index import Prompt
 from router.metrics import turn_bucket
-from router.outcomes import RetryCause
+from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_decode
 from router.pool import Instance, Lease
 from router.relay import DecodeOutput
 from router.turn.commit import commit
-from router.turn.model import Prepared, TurnRequest
+from router.turn.model import Prepared, TurnPath, TurnRequest
 from router.turn.placement import holding, note_choice
 from router.turn.prefill import run_prefill
 from router.turn.services import TurnServices
@@ -79,6 +80,8 @@ def _pick_decode(
     prepared: Prepared,
     tried: set[Instance],
     timed_out: set[Instance],
+    *,
+    note: bool = True,
 ) -> Instance:
     """The D holding most of the prompt (docs/kv-events.md), another than those tried if
     there is one, else one tried again: a retry after a dropped connection on the only D is
@@ -97,17 +100,45 @@ def _pick_decode(
         instance = choose([i for i in again if i in tried])
     if instance is None:
         raise EngineUnavailable(f"no healthy decode instance for {req.model_name}")
-    note_choice(svc, prepared, "decode", instance)
+    if note:
+        note_choice(svc, prepared, "decode", instance)
     return instance
+
+
+def _decode_local(
+    svc: TurnServices, req: TurnRequest, prepared: Prepared, tried: set[Instance]
+) -> Instance | None:
+    """The D to run this turn alone, if the index says it holds all of the prompt but at
+    most ``decode_local_max_tokens`` (docs/kv-events.md). D computes the rest from its own
+    prefix cache; no P leg, no pull."""
+    limit = req.model.decode_local_max_tokens
+    if limit <= 0 or svc.kv is None or not svc.kv.enabled or prepared.ids is None:
+        return None
+    decode = _pick_decode(svc, req, prepared, tried, set(), note=False)
+    cached = svc.kv.index.cached(decode.name, prepared.kv_prompt or Prompt(prepared.ids))
+    if cached is None or cached.tokens == 0 or len(prepared.ids) - cached.tokens > limit:
+        return None
+    note_choice(svc, prepared, "decode", decode)
+    return decode
 
 
 async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _Started:
     tried: set[Instance] = set()
     timed_out: set[Instance] = set()
     last: UpstreamError | None = None
+    # A decode-local turn does not need the claimed handle; D's pin is released once D has
+    # answered (before that, the pinned blocks keep the history from being evicted).
+    unneeded: dict[str, Any] | None = None
     for attempt in range(2):
-        p_instance, p_params = await run_prefill(svc, req, prepared)
-        decode = _pick_decode(svc, req, prepared, tried, timed_out)
+        local = _decode_local(svc, req, prepared, tried) if attempt == 0 else None
+        if local is not None:
+            if prepared.plan.handle is not None:
+                unneeded = prepared.plan.handle
+            prepared.spend_handle(TurnPath.DECODE_LOCAL)
+            p_instance, p_params, decode = None, None, local
+        else:
+            p_instance, p_params = await run_prefill(svc, req, prepared)
+            decode = _pick_decode(svc, req, prepared, tried, timed_out)
         body = decode_body(req, prepared.ids, p_params)
         url = f"{decode.url}{req.path}"
         held = contextlib.AsyncExitStack()
@@ -124,14 +155,18 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _St
                 )
                 lines = iter_sse(response, idle_timeout=svc.config.timeouts.first_byte)
                 first = await anext(lines)
+                _release_unneeded(svc, req, unneeded)
                 return _Started(decode, p_instance, lease, held, first=first, lines=lines)
             with svc.leg(req, "decode", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
                     url, body, timeout=svc.config.timeouts.request, headers=req.engine_headers
                 )
+            _release_unneeded(svc, req, unneeded)
             return _Started(decode, p_instance, lease, held, answer=answer)
         except (UpstreamError, StopAsyncIteration) as exc:
             await held.aclose()
+            _release_unneeded(svc, req, unneeded)
+            unneeded = None
             if is_client_fault(exc):
                 raise
             error = exc if isinstance(exc, UpstreamError) else EngineFailed("empty stream")
@@ -145,9 +180,16 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _St
             log.warning("decode attempt %d failed: %s", attempt + 1, error.message)
         except BaseException:  # cancelled (the client left): the lease and connection go too
             await held.aclose()
+            if unneeded is not None:
+                svc.metrics.left_to_expire.labels(LeftToExpire.DECODE_LOCAL_CANCELLED).inc()
             raise
     assert last is not None
     raise last
+
+
+def _release_unneeded(svc: TurnServices, req: TurnRequest, handle: dict[str, Any] | None) -> None:
+    if handle is not None:
+        svc.release_later(req, handle, ReleaseCause.DECODE_LOCAL)
 
 
 async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> bytes:

@@ -26,6 +26,7 @@ class TurnPath(StrEnum):
     COLD_EXPIRED = "cold-expired"  #: the record's decode instance restarted, or it expired
     COLD_ERROR = "cold-error"  #: store or render down, or P refused the handle
     COLD_UNCHECKED = "cold-unchecked"  #: fields the engine applies itself: nothing checked
+    DECODE_LOCAL = "decode-local"  #: D held the prefix and the rest was short: no P leg
 
 
 def path_of(plan_: Plan) -> TurnPath:

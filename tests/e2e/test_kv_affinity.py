@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.sim.server import SimServer
 from tests.support.metrics import ascrape
-from tests.support.stack import Stack, chat_turn, stack
+from tests.support.stack import Stack, chat_turn, first_turn, held_by, reference_chat, stack
 from tests.support.waiting import eventually
 
 # A long shared system prompt (a tool list, say): many blocks of 16 tokens.
@@ -76,3 +76,37 @@ async def test_new_conversations_go_where_their_shared_prefix_is_cached(tmp_path
         assert hits[p_other.url] == 0 and hits[d_other.url] == 0, hits
         router = await ascrape(s.client, s.router.url)
         assert router["carryover_kv_cached_tokens_total{leg=prefill}"] >= 4 * shared
+
+
+async def test_a_short_turn_on_the_decode_that_holds_its_history_skips_p(tmp_path: Path) -> None:
+    async with stack(
+        tmp_path,
+        sim={"kv_events": True, "threshold": 16},
+        router_flags=("--expose-path-header", "--decode-local-max-tokens", "256"),
+    ) as s:
+        (p,), (d,) = s.prefill, s.decode
+        conversation, messages = await first_turn(
+            s, SYSTEM, "Now only the size of /etc/hosts, please."
+        )
+        await eventually(
+            lambda: index_blocks(s),
+            lambda blocks: blocks[name_of(d)] >= len(SYSTEM) // 8 // 16,
+            what="the index holds D's blocks of the first turn",
+        )
+        held_before = await held_by(s)
+        p_before, d_before = await ascrape(s.client, p.url), await local_hits(s, d)
+        got = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert got.status == 200 and got.path == "decode-local", got.raw
+        assert got.content == (await reference_chat(s, messages)).content
+        # D served the history from its own cache; P computed nothing for this turn (one
+        # token at most: the release of the previous handle, which is a P request).
+        assert await local_hits(s, d) - d_before >= len(SYSTEM) // 8
+        p_after = await ascrape(s.client, p.url)
+        computed = "vllm:prompt_tokens_by_source_total{source=local_compute}"
+        assert p_after[computed] - p_before[computed] <= 1
+        # The unneeded handle of turn 1 was released once D answered.
+        await eventually(
+            lambda: held_by(s),
+            lambda held: not set(held_before) & set(held),
+            what="turn 1's pin is released",
+        )
