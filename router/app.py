@@ -60,7 +60,6 @@ __all__ = ["Services", "create_app"]
 _OPENAPI = msgspec.json.encode(openapi_document())
 log = logging.getLogger("carryover.router")
 
-_CONVERSATION_HEADERS = ("x-conversation-id", "x-session-id")
 _PATH_HEADER = "X-Carryover-Path"
 
 
@@ -144,9 +143,9 @@ def _conversation_key(tenant: str, model_name: str, conversation_id: str) -> Con
 def _conversation_id(request: Request[Any, Any, Any], body: dict[str, Any]) -> str | None:
     value: str | None = body.pop("conversation_id", None)
     if value is None:
-        for header in _CONVERSATION_HEADERS:
-            if header in request.headers:
-                value = request.headers[header]
+        for header in _services(request).config.conversation_headers:
+            if header.lower() in request.headers:
+                value = request.headers[header.lower()]
                 break
     return value
 

@@ -65,6 +65,13 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--planner", help=argparse.SUPPRESS)  # module:function (measurement only)
     p.add_argument("--expose-path-header", action="store_true")
+    p.add_argument(
+        "--conversation-header",
+        action="append",
+        metavar="NAME",
+        help="a header carrying the conversation id (repeat; default X-Conversation-ID, "
+        "X-Session-ID)",
+    )
     p.add_argument("--prefill-timeout", type=float)
     p.add_argument("--first-byte-timeout", type=float)
     p.add_argument("--store-timeout", type=float)
@@ -144,6 +151,9 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             router[key] = value
     if args.expose_path_header or env.get(_ENV_PREFIX + "EXPOSE_PATH_HEADER") == "1":
         router["expose_path_header"] = True
+    headers = args.conversation_header or _env_list(env.get(_ENV_PREFIX + "CONVERSATION_HEADERS"))
+    if headers:
+        router["conversation_headers"] = headers
     if args.planner:
         router["planner"] = args.planner
     timeouts = dict(router.get("timeouts", {}))

@@ -181,6 +181,9 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             prompt (without KV events: the last turn's P or D) may be and still be preferred
             over the least loaded one, on either leg.
         shutdown_grace: seconds in-flight streams get to finish on shutdown.
+        conversation_headers: request headers that carry the conversation id when the body
+            has no ``conversation_id``, first present wins (benchmark tools differ: vLLM's
+            bench sends ``X-Session-ID``, AIPerf ``X-Correlation-ID``).
         planner: ``module:function`` replacing ``state.plan`` (tests and the benchmark's
             unchecked arm only; see ``router.turn.services.Planner``).
     """
@@ -203,12 +206,15 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     breaker_reset: float = 5.0
     affinity_slack: int = 4
     shutdown_grace: float = 30.0
+    conversation_headers: tuple[str, ...] = ("x-conversation-id", "x-session-id")
     log_level: str = "info"
     planner: str | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ConfigError("no models configured: give --prefill/--decode or a config file")
+        if not all(h.strip() for h in self.conversation_headers):
+            raise ConfigError("conversation_headers must be header names")
         if self.workers > 1 and self.redis is None:
             raise ConfigError(
                 "workers > 1 requires redis: each worker process would keep its own state"

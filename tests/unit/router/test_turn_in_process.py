@@ -131,3 +131,25 @@ async def test_the_conversation_of_another_tenant_or_model_is_not_reached(rig: R
     status, path, _ = await rig.chat(history(2), conversation="other")
     assert (status, path) == (200, "cold-miss")
     assert handles_sent_to_p(rig.p) == []
+
+
+async def test_the_conversation_header_is_configurable() -> None:
+    p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
+    config = load_config(
+        ["--prefill", p.url, "--decode", d.url, "--expose-path-header"]
+        + ["--health-interval", "60", "--conversation-header", "X-Correlation-ID"],
+        environ={},
+    )
+    app = create_app(config, transport=FakeFleet(p, d), seed=0)
+    async with AsyncTestClient(app=app) as client:
+        paths = []
+        for turns, headers in (
+            (1, {"X-Correlation-ID": "bench-7"}),
+            (2, {"x-correlation-id": "bench-7"}),
+            (3, {"X-Conversation-ID": "bench-7"}),  # no longer a conversation header
+        ):
+            body = {"messages": history(turns)}
+            r = await client.post("/v1/chat/completions", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+            paths.append(r.headers.get("x-carryover-path"))
+        assert paths == ["cold-miss", "reuse", "cold-miss"]  # the 3rd would reuse as bench-7
