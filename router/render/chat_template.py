@@ -18,6 +18,8 @@ import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer
 
+from router.render.spans import SpanEncoder
+
 __all__ = ["ChatTemplate", "RenderInputError", "bundled_qwen3_dir"]
 
 
@@ -70,6 +72,7 @@ class ChatTemplate:
         self.eos_token: str = config.get("eos_token") or ""
         self.eos_token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.spans = SpanEncoder(self.tokenizer)
 
     @classmethod
     def qwen3(cls) -> ChatTemplate:
@@ -119,8 +122,8 @@ class ChatTemplate:
         return self.encode(text)
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
-        return ids
+        """Ids of ``text``; spans between added tokens seen before are not tokenized again."""
+        return self.spans.encode(text)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,77 @@
+"""Tokenizing a rendered prompt span by span, so that a conversation's next turn only
+tokenizes what is new.
+
+A Hugging Face tokenizer splits its input at added tokens (``<|im_start|>``, ``<think>``, ...)
+before anything else, and encodes the text between them independently: no token ever spans an
+added token. So the ids of a prompt are the ids of its spans, joined by the added tokens' ids,
+and a span seen before (an earlier message, a shared system prompt or tool list) need not be
+tokenized again. That holds only when no added token strips the whitespace around it or is
+matched on normalized text; a tokenizer with such tokens is encoded whole.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+
+from tokenizers import Tokenizer
+
+__all__ = ["SpanEncoder"]
+
+
+class SpanEncoder:
+    """``encode(text)`` equal to ``tokenizer.encode(text, add_special_tokens=False).ids``,
+    with the ids of every span between added tokens kept in an LRU bounded in characters."""
+
+    def __init__(self, tokenizer: Tokenizer, max_chars: int = 16_000_000) -> None:
+        self._tokenizer = tokenizer
+        self.max_chars = max_chars
+        added = tokenizer.get_added_tokens_decoder()
+        self.enabled = bool(added) and not any(
+            token.lstrip or token.rstrip or token.normalized or token.single_word
+            for token in added.values()
+        )
+        self._ids = {token.content: token_id for token_id, token in added.items()}
+        # Longest first: the tokenizer matches the leftmost longest added token.
+        alternatives = sorted(self._ids, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
+        self._spans: OrderedDict[str, list[int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()  # renders run in worker threads
+        self.hits = 0
+        self.misses = 0
+
+    def _encode_whole(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        if not self.enabled:
+            return self._encode_whole(text)
+        ids: list[int] = []
+        special = self._ids
+        for i, part in enumerate(self._split.split(text)):
+            if i % 2:  # the separators the split kept: added tokens
+                ids.append(special[part])
+            elif part:
+                ids.extend(self._span(part))
+        return ids
+
+    def _span(self, span: str) -> list[int]:
+        with self._lock:
+            found = self._spans.get(span)
+            if found is not None:
+                self._spans.move_to_end(span)
+                self.hits += 1
+                return found
+        ids = self._encode_whole(span)
+        with self._lock:
+            self.misses += 1
+            if span not in self._spans and len(span) <= self.max_chars:
+                self._spans[span] = ids
+                self._chars += len(span)
+                while self._chars > self.max_chars:
+                    old, _ = self._spans.popitem(last=False)
+                    self._chars -= len(old)
+        return ids

@@ -1,0 +1,107 @@
+"""Span-by-span tokenization equals whole-prompt tokenization (router/render/spans.py)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.render.chat_template import ChatTemplate
+from router.render.spans import SpanEncoder
+
+ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>"]
+
+
+@cache
+def qwen3() -> ChatTemplate:
+    return ChatTemplate.qwen3()
+
+
+def whole(text: str) -> list[int]:
+    ids: list[int] = qwen3().tokenizer.encode(text, add_special_tokens=False).ids
+    return ids
+
+
+# Text that stresses the boundaries: added tokens glued to words, spaces and newlines around
+# them, combining marks and other scripts, partial lookalikes of added tokens.
+pieces = st.sampled_from(
+    [
+        *ADDED,
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "a",
+        "Hello",
+        " world",
+        "é",
+        "e\u0301",
+        "日本語",
+        "🙂",
+        "<|im_",
+        "|>",
+        "<",
+        ">",
+        "think",
+        "'s",
+        "123",
+        "3.14",
+        "\r\n",
+        "\u00a0",
+    ]
+)
+texts = st.lists(st.one_of(pieces, st.text(max_size=12)), max_size=30).map("".join)
+
+
+@settings(max_examples=300)
+@given(texts)
+def test_any_text_encodes_as_the_tokenizer_does(text: str) -> None:
+    encoder = SpanEncoder(qwen3().tokenizer)
+    assert encoder.enabled
+    assert encoder.encode(text) == whole(text)
+    assert encoder.encode(text) == whole(text)  # again, from the cache
+
+
+messages = st.lists(
+    st.tuples(st.sampled_from(["user", "assistant", "tool"]), texts, st.booleans(), texts),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=150)
+@given(messages, st.booleans(), st.booleans(), texts)
+def test_conversations_encode_the_same_turn_after_turn(
+    turns: list[tuple[str, str, bool, str]], thinking: bool, tools: bool, system: str
+) -> None:
+    template = qwen3()
+    encoder = SpanEncoder(template.tokenizer)
+    history: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    tool_list = (
+        [{"type": "function", "function": {"name": "size", "parameters": {"type": "object"}}}]
+        if tools
+        else None
+    )
+    for role, content, with_reasoning, reasoning in turns:
+        message: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant" and with_reasoning:
+            message["reasoning_content"] = reasoning
+        history.append(message)
+        text = template.render_text(
+            history,
+            tools=tool_list,
+            chat_template_kwargs={"enable_thinking": thinking},
+        )
+        assert encoder.encode(text) == whole(text)
+    # Earlier turns' spans came from the cache.
+    assert len(turns) == 1 or encoder.hits > 0
+
+
+def test_the_cache_is_bounded_in_characters() -> None:
+    encoder = SpanEncoder(qwen3().tokenizer, max_chars=100)
+    for i in range(50):
+        encoder.encode(f"<|im_start|>user\nmessage number {i} with some words<|im_end|>")
+    assert encoder._chars <= 100
