@@ -32,6 +32,7 @@ def _multiturn(args: argparse.Namespace) -> None:
                 arrival=args.arrival,
                 rate=args.rate,
                 seed=args.seed,
+                shared_system=args.shared_system,
             )
         )
     targets = dict(t.split("=", 1) for t in args.target)
@@ -93,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--think-time", type=Distribution.parse, default=Distribution("constant", 0), help="ms"
     )
     m.add_argument("--reasoning-share", type=float, default=0.0)
+    m.add_argument(
+        "--shared-system",
+        action="store_true",
+        help="every conversation opens with the same system prompt",
+    )
     m.add_argument("--edit-probability", type=float, default=0.0)
     m.add_argument("--arrival", choices=["closed", "poisson"], default="poisson")
     m.add_argument("--rate", type=float, default=4.0, help="new conversations per second (poisson)")

@@ -21,8 +21,12 @@ ARMS: dict[str, list[str] | None] = {
     "carryover": [],
     "carryover-no-reuse": ["--no-reuse"],
     "carryover-unchecked": ["--planner", "bench.unchecked:plan_unchecked"],
+    # The same router, its engines without KV events: routed by load and last-turn affinity.
+    "carryover-no-index": [],
     "colocated": None,
 }
+#: Arms whose engines publish KV events that the router indexes (docs/kv-events.md).
+INDEXED = frozenset({"carryover", "carryover-unchecked"})
 BASELINE = "carryover-no-reuse"
 
 
@@ -49,12 +53,17 @@ def _run_sim_arm(
             engine = topo.sim("engine", None, speed=speed, extra=sim_flags)
             url, send_id = engine.url, False
         else:
+            events = arm in INDEXED
             ps = [
-                topo.sim(f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags)
+                topo.sim(
+                    f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags, kv_events=events
+                )
                 for i in range(prefills)
             ]
             ds = [
-                topo.sim(f"decode-{i}", "kv_consumer", speed=speed, extra=sim_flags)
+                topo.sim(
+                    f"decode-{i}", "kv_consumer", speed=speed, extra=sim_flags, kv_events=events
+                )
                 for i in range(decodes)
             ]
             router = topo.router("router", ps, ds, *flags)

@@ -34,6 +34,7 @@ class Process:
     url: str
     popen: subprocess.Popen[bytes]
     log: Path
+    kv_events: tuple[str, str] | None = None  # (events, replay) endpoints, when it publishes
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -95,8 +96,19 @@ class Topology:
         speed: float = 1.0,
         extra: Sequence[str] = (),
         extra_config: dict[str, Any] | None = None,
+        kv_events: bool = False,
     ) -> Process:
         args = ["sim", model, "--port", str(free_port()), "--sim-speed", str(speed), *extra]
+        events: tuple[str, str] | None = None
+        if kv_events:
+            events = (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+            settings = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": events[0],
+                "replay_endpoint": events[1],
+            }
+            args += ["--kv-events-config", json.dumps(settings)]
         env = {
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
@@ -112,7 +124,9 @@ class Topology:
                 },
             }
             args += ["--kv-transfer-config", json.dumps(config)]
-        return self._spawn(name, args, env)
+        process = self._spawn(name, args, env)
+        process.kv_events = events
+        return process
 
     def router(
         self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str
@@ -129,6 +143,10 @@ class Topology:
             args += ["--prefill", p.url]
         for d in decode:
             args += ["--decode", d.url]
+        for engine in (*prefill, *decode):
+            if engine.kv_events is not None:
+                args += ["--kv-events", f"{engine.url}={engine.kv_events[0]}"]
+                args += ["--kv-events-replay", f"{engine.url}={engine.kv_events[1]}"]
         return self._spawn(name, [*args, *flags])
 
     def wait(self, timeout: float = 180.0) -> None:

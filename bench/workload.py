@@ -112,6 +112,9 @@ class WorkloadSpec(msgspec.Struct, frozen=True):
     arrival: str = "closed"  # "closed": all start at once; "poisson": ``rate`` new per second
     rate: float = 4.0
     seed: int = 0
+    # Every conversation opens with the same system prompt (a tool list, say), as many
+    # conversations of one application do.
+    shared_system: bool = False
 
 
 @dataclass
@@ -135,11 +138,16 @@ def generate(spec: WorkloadSpec) -> list[Conversation]:
     rng = random.Random(spec.seed)
     conversations = []
     clock = 0.0
+    shared: str | None = None
+    if spec.shared_system:  # drawn only then: other workloads stay as their seed made them
+        shared_len = spec.system_tokens.sample(rng)
+        shared = _text(rng, shared_len) if shared_len > 1 else None
     for index in range(spec.conversations):
         system_len = spec.system_tokens.sample(rng)
+        own = _text(rng, system_len) if system_len > 1 else None
         conversation = Conversation(
             id=f"conv-{spec.seed}-{index}",
-            system=_text(rng, system_len) if system_len > 1 else None,
+            system=shared if spec.shared_system else own,
             users=[
                 f"[{index}.{t}] " + _text(rng, spec.user_tokens.sample(rng))
                 for t in range(spec.turns)
