@@ -23,10 +23,12 @@ ARMS: dict[str, list[str] | None] = {
     "carryover-unchecked": ["--planner", "bench.unchecked:plan_unchecked"],
     # The same router, its engines without KV events: routed by load and last-turn affinity.
     "carryover-no-index": [],
+    # Short turns run on the D that holds their history, without a P leg.
+    "carryover-decode-local": ["--decode-local-max-tokens", "512"],
     "colocated": None,
 }
 #: Arms whose engines publish KV events that the router indexes (docs/kv-events.md).
-INDEXED = frozenset({"carryover", "carryover-unchecked"})
+INDEXED = frozenset({"carryover", "carryover-unchecked", "carryover-decode-local"})
 BASELINE = "carryover-no-reuse"
 
 
