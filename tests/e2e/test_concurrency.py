@@ -8,6 +8,7 @@ from typing import Any
 
 from tests.support.metrics import ascrape
 from tests.support.stack import chat_turn, reference_chat, stack
+from tests.support.waiting import eventually
 
 TEXT = "Turn {i}: rivers, stones and the patient gardener, season after season, in the old garden. "
 
@@ -24,10 +25,22 @@ async def test_parallel_turns_use_the_handle_once_and_keep_the_later_turn(tmp_pa
             {"role": "user", "content": TEXT.format(i=2)},
         ]
         before = await ascrape(s.client, s.prefill[0].url)
-        a, b = await asyncio.gather(
+        # Both are held at D until both have claimed and passed P: one claim then surely
+        # finds the handle and the other nothing, whatever the machine's speed (without the
+        # hold, a loaded machine can run one turn to its commit before the other claims).
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"hang": True})
+        both = asyncio.gather(
             chat_turn(s.client, s.router.url, turn2, conversation_id="par"),
             chat_turn(s.client, s.router.url, turn3, conversation_id="par"),
         )
+        done = "vllm:request_success_total:sum"
+        await eventually(
+            lambda: ascrape(s.client, s.prefill[0].url),
+            lambda m: m.get(done, 0) == before.get(done, 0) + 2,
+            what="both P legs",
+        )
+        await s.client.post(s.decode[0].url + "/sim/faults", json={"hang": False})
+        a, b = await both
         assert a.status == b.status == 200
         assert sorted([a.path, b.path]).count("cold-miss") == 1  # exactly one got the handle
         assert a.content == (await reference_chat(s, turn2)).content
