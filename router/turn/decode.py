@@ -24,7 +24,6 @@ from router.errors import (
     UpstreamError,
     is_client_fault,
 )
-from router.kv.index import Prompt
 from router.metrics import turn_bucket
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_decode
@@ -32,7 +31,7 @@ from router.pool import Instance, Lease
 from router.relay import DecodeOutput
 from router.turn.commit import commit
 from router.turn.model import Prepared, TurnPath, TurnRequest
-from router.turn.placement import holding, note_choice
+from router.turn.placement import cached_on, holding, note_choice
 from router.turn.prefill import run_prefill
 from router.turn.services import TurnServices
 from router.upstream import iter_sse
@@ -115,7 +114,7 @@ def _decode_local(
     if limit <= 0 or svc.kv is None or not svc.kv.enabled or prepared.ids is None:
         return None
     decode = _pick_decode(svc, req, prepared, tried, set(), note=False)
-    cached = svc.kv.index.cached(decode.name, prepared.kv_prompt or Prompt(prepared.ids))
+    cached = cached_on(svc, prepared, decode)
     if cached is None or cached.tokens == 0 or len(prepared.ids) - cached.tokens > limit:
         return None
     note_choice(svc, prepared, "decode", decode)

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from router.config import ModelConfig
-from router.kv.index import Prompt
+from router.kv.index import Cached, Prompt
 from router.tracing import NO_TRACE, TurnTrace
 from state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
 
@@ -79,6 +79,7 @@ class Prepared:
     storable: bool = True
     sent: bool = False  # the claimed handle (or its release) went to P
     kv_prompt: Prompt | None = None  # the ids' chain keys for the KV index, made on first use
+    kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
 
     def spend_handle(self, path: TurnPath = TurnPath.COLD_ERROR) -> None:
         """The claimed handle was used or lost: later attempts run cold."""
