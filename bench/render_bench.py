@@ -12,36 +12,9 @@ import statistics
 import time
 from typing import Any
 
+from bench.workload import Distribution, WorkloadSpec, filler, generate
 from router.render.chat_template import ChatTemplate
 from router.render.spans import SpanEncoder
-
-WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "that",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "it",
-    "this",
-    "be",
-    "are",
-    "or",
-    "an",
-]
-
-
-def _text(rng: random.Random, tokens: int) -> str:
-    return " ".join(rng.choice(WORDS) + str(rng.randrange(100)) for _ in range(tokens // 2))
 
 
 def main() -> None:
@@ -56,11 +29,16 @@ def main() -> None:
     spans: dict[int, list[float]] = {t: [] for t in range(1, args.turns + 1)}
     lengths: dict[int, list[int]] = {t: [] for t in range(1, args.turns + 1)}
     encoder = SpanEncoder(template.tokenizer)
-    for c in range(args.conversations):
-        rng = random.Random(c)
-        history: list[dict[str, Any]] = [{"role": "system", "content": _text(rng, 200)}]
-        for turn in range(1, args.turns + 1):
-            history.append({"role": "user", "content": _text(rng, args.user_tokens)})
+    spec = WorkloadSpec(
+        conversations=args.conversations,
+        turns=args.turns,
+        user_tokens=Distribution("constant", args.user_tokens),
+    )
+    rng = random.Random(0)
+    for conversation in generate(spec):
+        history: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}]
+        for turn, user in enumerate(conversation.users, start=1):
+            history.append({"role": "user", "content": user})
             started = time.perf_counter()
             text = template.render_text(history)
             ids = template.tokenizer.encode(text, add_special_tokens=False).ids
@@ -71,7 +49,7 @@ def main() -> None:
             spans[turn].append(time.perf_counter() - started)
             assert incremental == ids
             lengths[turn].append(len(ids))
-            history.append({"role": "assistant", "content": _text(rng, args.answer_tokens)})
+            history.append({"role": "assistant", "content": filler(rng, args.answer_tokens)})
     print("| turn | prompt tokens (median) | whole p50 | spans p50 | spans / whole |")
     print("|---|---|---|---|---|")
     for turn in range(1, args.turns + 1):

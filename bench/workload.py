@@ -15,6 +15,7 @@ __all__ = [
     "Conversation",
     "Distribution",
     "WorkloadSpec",
+    "filler",
     "generate",
     "read_conversations",
 ]
@@ -129,7 +130,8 @@ class Conversation:
     start_after: float = 0.0
 
 
-def _text(rng: random.Random, tokens: int) -> str:
+def filler(rng: random.Random, tokens: int) -> str:
+    """About ``tokens`` tokens of words (the generated workloads' text)."""
     # About one token per word (a space-led lowercase word is one token in Qwen's vocabulary).
     return " ".join(rng.choice(_WORDS) for _ in range(tokens))
 
@@ -141,15 +143,15 @@ def generate(spec: WorkloadSpec) -> list[Conversation]:
     shared: str | None = None
     if spec.shared_system:  # drawn only then: other workloads stay as their seed made them
         shared_len = spec.system_tokens.sample(rng)
-        shared = _text(rng, shared_len) if shared_len > 1 else None
+        shared = filler(rng, shared_len) if shared_len > 1 else None
     for index in range(spec.conversations):
         system_len = spec.system_tokens.sample(rng)
-        own = _text(rng, system_len) if system_len > 1 else None
+        own = filler(rng, system_len) if system_len > 1 else None
         conversation = Conversation(
             id=f"conv-{spec.seed}-{index}",
             system=shared if spec.shared_system else own,
             users=[
-                f"[{index}.{t}] " + _text(rng, spec.user_tokens.sample(rng))
+                f"[{index}.{t}] " + filler(rng, spec.user_tokens.sample(rng))
                 for t in range(spec.turns)
             ],
             output_tokens=[spec.output_tokens.sample(rng) for _ in range(spec.turns)],
