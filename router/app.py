@@ -40,7 +40,7 @@ from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.openai import ChatView, parse_body
 from router.pool import InstancePool
-from router.render.backends import make_renderer
+from router.render.choose import Renderers
 from router.tracing import Tracing
 from router.turn import TurnOutcome, TurnRequest, TurnRunner
 from router.turn.services import Planner
@@ -450,14 +450,14 @@ def create_app(
         upstream = Upstream(config.timeouts, transport)
         metrics_ = RouterMetrics()
         pool = InstancePool(config, upstream, backend, metrics_)
-        renderers = {id(m): make_renderer(m.render, upstream) for m in config.models}
+        renderers = Renderers(config, upstream, metrics_)
         kv = KvEvents(config, KvMetrics(metrics_.registry))
         runner = TurnRunner(
             config,
             pool,
             backend,
             upstream,
-            renderers,
+            renderers.by_model,
             metrics_,
             random.Random(seed),
             clock=clock,
@@ -482,6 +482,7 @@ def create_app(
         pool.on_restart.append(lambda instance: kv.instance_restarted(instance.name))
         await pool.start()
         discovery = asyncio.create_task(_discover_names(services))
+        renderers.start(pool, lambda model: services.model_names.get(id(model)))
         decode_names = [i.name for i in pool.instances if i.role == "decode"]
         held = asyncio.create_task(
             report_held_forever(backend, decode_names, metrics_, config.held_interval)
@@ -495,6 +496,7 @@ def create_app(
                 await asyncio.sleep(0.05)
             discovery.cancel()
             held.cancel()
+            renderers.stop()
             await kv.stop()
             await runner.drain_background()
             await pool.stop()

@@ -44,8 +44,16 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="an instance's KV-event replay endpoint (repeat)",
     )
     p.add_argument("--model", help="served model name (default: asked from the engines)")
-    p.add_argument("--render", metavar="URL", help="a vLLM render server (default: P's /tokenize)")
-    p.add_argument("--render-local", metavar="DIR", nargs="?", const="", help="render in process")
+    p.add_argument(
+        "--render-backend",
+        choices=("auto", "engine", "server", "local"),
+        help="how prompts become ids (default auto: in process once checked against P)",
+    )
+    p.add_argument("--render", metavar="URL", help="a vLLM render server (backend server)")
+    p.add_argument(
+        "--render-local", metavar="DIR", nargs="?", const="", help="render in process, unchecked"
+    )
+    p.add_argument("--tokenizer", metavar="DIR", help="tokenizer and chat template files")
     p.add_argument("--redis", metavar="URL", help="shared state (default: in-process)")
     p.add_argument("--block-size", type=int)
     p.add_argument("--decoder-kv-blocks-ttl", type=float)
@@ -196,11 +204,20 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             ),
         }
         model.update({k: v for k, v in overrides.items() if v is not None})
+        render = dict(model.get("render", {}))
         render_url = pick(args.render, "RENDER")
+        backend = pick(args.render_backend, "RENDER_BACKEND")
+        tokenizer = pick(args.tokenizer, "TOKENIZER")
         if render_url is not None:
-            model["render"] = {"backend": "server", "url": render_url}
+            render.update(backend="server", url=render_url)
         elif args.render_local is not None:
-            model["render"] = {"backend": "local", "path": args.render_local or None}
+            render.update(backend="local", path=args.render_local or tokenizer)
+        if backend is not None:
+            render["backend"] = backend
+        if tokenizer is not None:
+            render["path"] = tokenizer
+        if render:
+            model["render"] = render
         if args.no_partial_reuse:
             model["partial_reuse"] = False
         if args.no_reuse:

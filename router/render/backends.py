@@ -1,5 +1,6 @@
-"""Where prompt token ids come from: the P instance's ``/tokenize`` (default), vLLM's render
-server, or a tokenizer and chat template in this process (run in a thread)."""
+"""Where prompt token ids come from: the P instance's ``/tokenize``, vLLM's render server, or a
+tokenizer and chat template in this process (run in a thread). The default combines the first
+and the last (router/render/auto.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,21 @@ from router.errors import ClientError, EngineFailed, UpstreamError
 from router.render.chat_template import ChatTemplate, RenderInputError, bundled_qwen3_dir
 from router.upstream import Upstream
 
-__all__ = ["RenderFailed", "Renderer", "make_renderer"]
+__all__ = [
+    "LOCAL_FIELDS",
+    "TOKENIZE_FIELDS",
+    "EngineTokenize",
+    "LocalRenderer",
+    "RenderFailed",
+    "Renderer",
+    "local_folder",
+]
 
 # Fields of a chat request that change what the template renders, as each backend takes
 # them: P's /tokenize (vLLM's TokenizeChatRequest has no documents or reasoning_effort), the
 # render server (a whole ChatCompletionRequest), this process's template. A field one cannot
 # apply keeps the turn unchecked (router/fields.py).
-_TOKENIZE_FIELDS = frozenset(
+TOKENIZE_FIELDS = frozenset(
     {
         "messages",
         "tools",
@@ -29,8 +38,8 @@ _TOKENIZE_FIELDS = frozenset(
         "add_special_tokens",
     }
 )
-_RENDER_SERVER_FIELDS = _TOKENIZE_FIELDS | {"documents", "reasoning_effort"}
-_LOCAL_FIELDS = frozenset({"messages", "tools", "chat_template_kwargs", "add_generation_prompt"})
+RENDER_SERVER_FIELDS = TOKENIZE_FIELDS | {"documents", "reasoning_effort"}
+LOCAL_FIELDS = frozenset({"messages", "tools", "chat_template_kwargs", "add_generation_prompt"})
 
 
 class RenderFailed(Exception):
@@ -59,7 +68,7 @@ class Renderer(Protocol):
 
 
 class EngineTokenize:
-    renders = _TOKENIZE_FIELDS
+    renders = TOKENIZE_FIELDS
 
     def __init__(self, upstream: Upstream, timeout: float) -> None:
         self._upstream = upstream
@@ -95,7 +104,7 @@ class EngineTokenize:
 class RenderServer(EngineTokenize):
     """vLLM's ``/v1/chat/completions/render`` (a ``vllm launch render`` server)."""
 
-    renders = _RENDER_SERVER_FIELDS
+    renders = RENDER_SERVER_FIELDS
 
     def __init__(self, upstream: Upstream, url: str, timeout: float) -> None:
         super().__init__(upstream, timeout)
@@ -111,7 +120,7 @@ class RenderServer(EngineTokenize):
 
 
 class LocalRenderer:
-    renders = _LOCAL_FIELDS
+    renders = LOCAL_FIELDS
 
     def __init__(self, folder: Path) -> None:
         self._template = ChatTemplate(folder)
@@ -134,10 +143,6 @@ class LocalRenderer:
         return await asyncio.to_thread(self._template.encode, prompt)
 
 
-def make_renderer(config: RenderConfig, upstream: Upstream) -> Renderer:
-    if config.backend == "server":
-        assert config.url is not None
-        return RenderServer(upstream, config.url, config.timeout)
-    if config.backend == "local":
-        return LocalRenderer(Path(config.path) if config.path else bundled_qwen3_dir())
-    return EngineTokenize(upstream, config.timeout)
+def local_folder(config: RenderConfig) -> Path:
+    """The tokenizer files to render with in process (the bundled Qwen3 files by default)."""
+    return Path(config.path) if config.path else bundled_qwen3_dir()

@@ -193,12 +193,40 @@ async def test_completions_full_reuse_over_five_turns(
         got = r.json()
         after = await pulled(client, p_url)
         assert same_output(got, want, chat=False), f"turn {turn + 1} differs from the reference"
+        # What the client is told was not computed: P's count (P has no prefix cache here, so
+        # only what it pulled), not D's, which got every prompt token over the transfer.
+        cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
         if turn == 0:
             assert r.headers["x-carryover-path"] == "cold-miss"
+            assert cached == 0
         else:
             assert r.headers["x-carryover-path"] == "reuse"
             assert after - before == previous_r  # P pulled all of D's history
+            assert cached == previous_r
         previous_r = len(prompt) + len(got["choices"][0]["token_ids"]) - 1
+
+
+async def test_the_router_renders_in_process_only_because_vllm_agrees(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    """The default renderer compared its ids with vLLM's /tokenize on the probe prompts and
+    found them equal; then a chat turn's ids are the ones vLLM itself renders."""
+    p_url, _ = urls(vllm_pair)
+    agrees = "carryover_render_check{model=0,state=agrees}"
+    await eventually(
+        lambda: ascrape(client, real_router.url),
+        lambda values: values.get(agrees) == 1.0,
+        what="the router's renderer agrees with vLLM's",
+        timeout=120,
+    )
+    messages = [
+        {"role": "system", "content": "Answer in one line."},
+        {"role": "user", "content": f"{uuid.uuid4().hex[:8]}: name a river."},
+    ]
+    r = await chat(client, real_router.url, messages)
+    assert r.status_code == 200, r.text
+    want = await tokenize(client, p_url, messages=messages, add_generation_prompt=True)
+    assert r.json()["usage"]["prompt_tokens"] == len(want)
 
 
 async def test_the_kv_index_follows_vllms_own_events(

@@ -14,7 +14,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import httpx
@@ -57,12 +57,26 @@ class FakeEngine:
         return f"http://{self.host}"
 
 
-class FakeFleet(httpx.AsyncBaseTransport):
-    """Routes each request to the engine named by its host."""
+class Tokenizer(Protocol):
+    def __call__(self, body: dict[str, Any]) -> list[int]: ...
 
-    def __init__(self, *engines: FakeEngine) -> None:
+
+def fake_tokenize(body: dict[str, Any]) -> list[int]:
+    if "messages" in body:
+        return render(body["messages"], bool(body.get("add_generation_prompt", True)))
+    return encode(body["prompt"])
+
+
+class FakeFleet(httpx.AsyncBaseTransport):
+    """Routes each request to the engine named by its host. ``tokenize`` is what every
+    engine's ``/tokenize`` answers; ``start_time`` is the engines' process start time."""
+
+    def __init__(self, *engines: FakeEngine, tokenize: Tokenizer = fake_tokenize) -> None:
         self.engines = {e.host: e for e in engines}
         self._ids = itertools.count(1)
+        self.tokenize = tokenize
+        self.tokenize_calls = 0
+        self.start_time = 1.0
 
     def decode_of(self, handle: dict[str, Any]) -> FakeEngine:
         return self.engines[str(handle["remote_host"])]
@@ -82,8 +96,8 @@ class FakeFleet(httpx.AsyncBaseTransport):
                 raise httpx.TimeoutException(str(exc), request=request) from exc
         body = json.loads(await request.aread())
         if path == "/tokenize":
-            ids = render(body["messages"]) if "messages" in body else encode(body["prompt"])
-            return httpx.Response(200, json={"tokens": ids})
+            self.tokenize_calls += 1
+            return httpx.Response(200, json={"tokens": self.tokenize(body)})
         engine.requests.append(body)
         if engine.fail_next:
             status = engine.fail_next.pop(0)
@@ -96,7 +110,7 @@ class FakeFleet(httpx.AsyncBaseTransport):
 
     def _get(self, path: str) -> httpx.Response:
         if path == "/metrics":
-            return httpx.Response(200, text="process_start_time_seconds 1.0\n")
+            return httpx.Response(200, text=f"process_start_time_seconds {self.start_time}\n")
         if path == "/version":
             return httpx.Response(200, json={"version": "0.33.0"})
         if path == "/v1/models":

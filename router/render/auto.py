@@ -1,0 +1,186 @@
+"""The default renderer: this process's tokenizer and chat template, once they agree with the
+engine's ``/tokenize`` on probe prompts; the engine's ``/tokenize`` until then, and for good
+when they disagree.
+
+Rendering in process takes the tokenization off every turn's path (docs/rendering.md), but a
+template or tokenizer that differs from the engine's by one id would make every stored prefix
+miss, or worse, make the router check ids the engine never runs. So nothing is rendered
+locally before the engine has said the same ids for the probes, and the probe runs again
+whenever a prefill instance restarts (a new deployment may bring another tokenizer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from router.errors import ClientError
+from router.render.backends import (
+    LOCAL_FIELDS,
+    TOKENIZE_FIELDS,
+    EngineTokenize,
+    LocalRenderer,
+    RenderFailed,
+)
+
+__all__ = ["AutoRenderer", "RenderCheck", "keep_checked", "probe_chats", "probe_texts"]
+
+log = logging.getLogger("carryover.render")
+
+# Fields /tokenize applies and the local template does not: such a request goes to the engine.
+_ENGINE_ONLY = TOKENIZE_FIELDS - LOCAL_FIELDS
+
+
+class RenderCheck(StrEnum):
+    """Where the default renderer stands."""
+
+    PENDING = "pending"  #: not compared yet: the engine renders
+    AGREES = "agrees"  #: same ids on every probe: this process renders
+    DISAGREES = "disagrees"  #: the engine renders until a prefill instance restarts
+    NO_LOCAL = "no_local"  #: no tokenizer or template loaded here: the engine renders
+
+
+def probe_chats() -> list[dict[str, Any]]:
+    """Chat requests whose rendering exercises what templates differ on: a system prompt,
+    tools (JSON layout), an earlier assistant turn with reasoning (dropped or kept), an
+    empty message, non-ASCII text, and thinking switched off."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": 'Find a record (ünïcode, "quotes").',
+                "parameters": {
+                    "type": "object",
+                    "properties": {"id": {"type": "integer"}, "tag": {"type": "string"}},
+                    "required": ["id"],
+                },
+            },
+        }
+    ]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are terse.\n  Keep  spacing."},
+        {"role": "user", "content": "Hello — what is 2+2? 日本語も。"},
+        {"role": "assistant", "content": "<think>\nsimple sum\n</think>\n\n4."},
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": "Anything else?"},
+        {"role": "user", "content": [{"type": "text", "text": "Look up 7, please.\t"}]},
+    ]
+    return [
+        {"messages": messages, "tools": tools, "add_generation_prompt": True},
+        {
+            "messages": messages[:3],
+            "add_generation_prompt": False,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+        {"messages": messages[-1:], "chat_template_kwargs": {"enable_thinking": False}},
+    ]
+
+
+def probe_texts() -> list[str]:
+    return ["<|im_start|>user\nplain text  with  spaces, ünïcode and 12345<|im_end|>\n"]
+
+
+class AutoRenderer:
+    # What a request may carry and still be rendered (by one side or the other).
+    renders = TOKENIZE_FIELDS
+
+    def __init__(
+        self,
+        engine: EngineTokenize,
+        local: LocalRenderer | None,
+        *,
+        on_change: Callable[[RenderCheck], None] = lambda _: None,
+    ) -> None:
+        self._engine = engine
+        self._local = local
+        self._on_change = on_change
+        self.state = RenderCheck.PENDING if local is not None else RenderCheck.NO_LOCAL
+        on_change(self.state)
+
+    def _set(self, state: RenderCheck) -> None:
+        if state is not self.state:
+            self.state = state
+            self._on_change(state)
+
+    def _local_for(self, body: dict[str, Any]) -> LocalRenderer | None:
+        if self.state is not RenderCheck.AGREES or any(f in body for f in _ENGINE_ONLY):
+            return None
+        return self._local
+
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        local = self._local_for(body)
+        if local is not None:
+            return await local.chat(body, model, engine_url)
+        return await self._engine.chat(body, model, engine_url)
+
+    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+        if self.state is RenderCheck.AGREES and self._local is not None:
+            return await self._local.text(prompt, model, engine_url)
+        return await self._engine.text(prompt, model, engine_url)
+
+    def recheck(self) -> None:
+        """A prefill instance restarted: render through the engine until compared again."""
+        if self.state is not RenderCheck.NO_LOCAL:
+            self._set(RenderCheck.PENDING)
+
+    async def check(self, model: str, engine_url: str) -> RenderCheck:
+        """Compare both sides on the probes; ``PENDING`` again when the engine could not
+        answer (the caller tries later)."""
+        if self._local is None:
+            return self.state
+        try:
+            for number, body in enumerate(probe_chats()):
+                ours = await self._local.chat(body, model, None)
+                theirs = await self._engine.chat(body, model, engine_url)
+                if ours != theirs:
+                    return self._disagree(f"chat probe {number}", ours, theirs)
+            for text in probe_texts():
+                ours = await self._local.text(text, model, None)
+                theirs = await self._engine.text(text, model, engine_url)
+                if ours != theirs:
+                    return self._disagree("text probe", ours, theirs)
+        except (RenderFailed, ClientError) as exc:
+            log.info("render check against %s not possible yet: %s", engine_url, exc)
+            return self.state
+        if self.state is not RenderCheck.AGREES:
+            log.info("rendering in process: it agrees with %s/tokenize", engine_url)
+        self._set(RenderCheck.AGREES)
+        return self.state
+
+    def _disagree(self, probe: str, ours: list[int], theirs: list[int]) -> RenderCheck:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+            min(len(ours), len(theirs)),
+        )
+        log.warning(
+            "the local tokenizer or chat template differs from the engine's (%s: %d against "
+            "%d ids, first difference at id %d: %s against %s); the engine renders",
+            probe,
+            len(ours),
+            len(theirs),
+            at,
+            ours[at : at + 4],
+            theirs[at : at + 4],
+        )
+        self._set(RenderCheck.DISAGREES)
+        return self.state
+
+
+async def keep_checked(
+    renderer: AutoRenderer,
+    model_name: Callable[[], str | None],
+    prefill_url: Callable[[], str | None],
+    interval: float,
+) -> None:
+    """Run ``renderer.check`` whenever it is pending and a prefill instance and the model's
+    name are known; runs until cancelled."""
+    while renderer.state is not RenderCheck.NO_LOCAL:
+        if renderer.state is RenderCheck.PENDING:
+            name, url = model_name(), prefill_url()
+            if name is not None and url is not None:
+                await renderer.check(name, url)
+        await asyncio.sleep(interval)

@@ -1,0 +1,104 @@
+"""The default renderer renders in process only after P's /tokenize said the same ids, and
+goes back to P when P disagrees, restarts with another tokenizer, or a request carries fields
+only the engine applies."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from litestar.testing import AsyncTestClient
+
+from router.app import create_app
+from router.cli import load_config
+from router.render.chat_template import ChatTemplate
+from tests.support.waiting import eventually
+from tests.unit.router.fakes import FakeEngine, FakeFleet, Tokenizer, fake_tokenize
+
+QWEN3 = ChatTemplate.qwen3()
+
+
+def qwen3_tokenize(body: dict[str, Any]) -> list[int]:
+    if "messages" not in body:
+        return QWEN3.encode(body["prompt"])
+    return QWEN3.render(
+        body["messages"],
+        add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+        tools=body.get("tools"),
+        chat_template_kwargs=body.get("chat_template_kwargs") or {},
+    )
+
+
+@dataclass
+class Rig:
+    client: AsyncTestClient[Any]
+    fleet: FakeFleet
+    p: FakeEngine
+
+    async def state(self) -> str:
+        text = (await self.client.get("/metrics")).text
+        for line in text.splitlines():
+            if line.startswith("carryover_render_check{") and line.endswith(" 1.0"):
+                return line.split('state="')[1].split('"')[0]
+        return "none"
+
+    async def until(self, state: str) -> None:
+        await eventually(self.state, lambda s: s == state, what=f"render check {state}")
+
+    async def chat(self, turn: int, **extra: Any) -> list[int]:
+        messages = [{"role": "user", "content": f"question {turn}"}]
+        body = {"messages": messages, "conversation_id": "c", **extra}
+        r = await self.client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        ids: list[int] = self.p.requests[-1]["kv_transfer_params"]["prompt_token_ids"]
+        return ids
+
+
+@pytest.fixture
+def tokenize() -> Tokenizer:
+    return qwen3_tokenize
+
+
+@pytest.fixture
+async def rig(tokenize: Tokenizer) -> AsyncIterator[Rig]:
+    p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
+    flags = ["--prefill", p.url, "--decode", d.url, "--health-interval", "0.05"]
+    fleet = FakeFleet(p, d, tokenize=tokenize)
+    app = create_app(load_config(flags, environ={}), transport=fleet, seed=0)
+    async with AsyncTestClient(app=app) as client:
+        yield Rig(client, fleet, p)
+
+
+async def test_an_agreeing_engine_hands_rendering_to_the_router(rig: Rig) -> None:
+    await rig.until("agrees")
+    calls = rig.fleet.tokenize_calls
+    ids = await rig.chat(1)
+    assert ids == qwen3_tokenize({"messages": [{"role": "user", "content": "question 1"}]})
+    assert rig.fleet.tokenize_calls == calls  # rendered here, P not asked
+
+
+async def test_fields_only_the_engine_applies_still_go_to_the_engine(rig: Rig) -> None:
+    await rig.until("agrees")
+    calls = rig.fleet.tokenize_calls
+    await rig.chat(1, add_generation_prompt=False, continue_final_message=True)
+    assert rig.fleet.tokenize_calls == calls + 1
+
+
+@pytest.mark.parametrize("tokenize", [fake_tokenize])
+async def test_a_disagreeing_engine_keeps_rendering(rig: Rig) -> None:
+    await rig.until("disagrees")
+    calls = rig.fleet.tokenize_calls
+    ids = await rig.chat(1)
+    assert ids == fake_tokenize({"messages": [{"role": "user", "content": "question 1"}]})
+    assert rig.fleet.tokenize_calls == calls + 1
+
+
+async def test_a_prefill_restarted_with_another_tokenizer_is_checked_again(rig: Rig) -> None:
+    await rig.until("agrees")
+    rig.fleet.tokenize = fake_tokenize  # a new deployment behind the same address
+    rig.fleet.start_time = 2.0
+    await rig.until("disagrees")
+    ids = await rig.chat(1)
+    assert ids == fake_tokenize({"messages": [{"role": "user", "content": "question 1"}]})
