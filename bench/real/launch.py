@@ -144,6 +144,8 @@ class VllmPair:
             "--max-num-seqs",
             "8",
             "--enforce-eager",
+            # usage.prompt_tokens_details.cached_tokens in answers: what P did not compute.
+            "--enable-prompt-tokens-details",
             "--host",
             "127.0.0.1",
             "--port",

@@ -504,7 +504,18 @@ class SimEngine:
             self.pool.release(seq.blocks)
         self.metrics.finished(reason)
         self.metrics.generated(len(request.prompt), len(seq.output))
-        seq.events.put_nowait(Finished(reason, stop_reason, params, seq.cached + seq.external))
+        seq.events.put_nowait(Finished(reason, stop_reason, params, self._cached_reported(seq)))
+
+    @staticmethod
+    def _cached_reported(seq: _Sequence) -> int:
+        """``usage.prompt_tokens_details.cached_tokens``: after a remote prefill, P's hits as
+        P reported them in its dict, not D's own near-total hits from the transfer (vLLM 0.32,
+        ``v1/engine/output_processor.py``, ``remote_prefill_cached_tokens``)."""
+        kv = seq.request.kv_params or {}
+        remote = kv.get("remote_prefill_cached_tokens")
+        if kv.get("do_remote_prefill") and isinstance(remote, int):
+            return remote
+        return seq.cached + seq.external
 
     def _lease_for_decode(self, seq: _Sequence) -> dict[str, Any]:
         """P-node dict (§1): P holds the prompt's blocks until D reads them or the lease ends."""

@@ -100,7 +100,9 @@ async def test_a_short_turn_on_the_decode_that_holds_its_history_skips_p(tmp_pat
         assert got.content == (await reference_chat(s, messages)).content
         # D served the history from its own cache; P computed nothing for this turn (one
         # token at most: the release of the previous handle, which is a P request).
-        assert await local_hits(s, d) - d_before >= len(SYSTEM) // 8
+        hits = await local_hits(s, d) - d_before
+        assert hits >= len(SYSTEM) // 8
+        assert got.usage["prompt_tokens_details"]["cached_tokens"] == hits  # D's own, here
         p_after = await ascrape(s.client, p.url)
         computed = "vllm:prompt_tokens_by_source_total{source=local_compute}"
         assert p_after[computed] - p_before[computed] <= 1

@@ -60,6 +60,34 @@ async def test_five_turns_reuse_and_match_the_reference(tmp_path: Path, stream: 
         assert await p_pulled(s) > before  # P really pulled history from D
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_usage_counts_as_cached_only_what_no_engine_computed(
+    tmp_path: Path, stream: bool
+) -> None:
+    # D got the whole prompt's KV from P: its own count would call all of it cached. What the
+    # client reads is P's count (local hits plus what it pulled from D's handle).
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        extra: dict[str, Any] = {"stream_options": {"include_usage": True}} if stream else {}
+        messages = [{"role": "user", "content": TEXT.format(i=0) * 2}]
+        cached, prompt = [], []
+        for turn in range(2):
+            got = await chat_turn(
+                s.client, s.router.url, messages, stream=stream, conversation_id="u", **extra
+            )
+            assert got.status == 200, got.raw
+            usage = got.usage
+            cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+            prompt.append(usage["prompt_tokens"])
+            assert cached[-1] < prompt[-1]
+            messages += [
+                {"role": "assistant", "content": got.content},
+                {"role": "user", "content": TEXT.format(i=turn + 1)},
+            ]
+        assert got.path == "reuse"
+        assert cached[0] == 0  # turn 1: nothing was cached anywhere
+        assert cached[1] >= prompt[0] // 16 * 16  # turn 2: turn 1's blocks, from D's handle
+
+
 async def test_reasoning_template_mismatch_is_caught(tmp_path: Path) -> None:
     # Qwen3 strips <think> of earlier turns: the next prompt diverges where D's output began.
     async with stack(tmp_path, sim={"threshold": 16}) as s:

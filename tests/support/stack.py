@@ -94,6 +94,14 @@ class TurnResult:
     chunks: list[Any] = field(default_factory=list)
     raw: str = ""
 
+    @property
+    def usage(self) -> dict[str, Any]:
+        """The answer's usage (a stream's comes in its last chunk, with ``include_usage``)."""
+        if not self.chunks:
+            return dict(self.body.get("usage") or {})
+        found = [c["usage"] for c in self.chunks if isinstance(c, dict) and c.get("usage")]
+        return dict(found[-1]) if found else {}
+
 
 async def chat_turn(
     client: httpx.AsyncClient,
