@@ -10,12 +10,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from bench.ports import free_port
 
 
 @contextlib.contextmanager
@@ -24,7 +19,7 @@ def local_redis() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
         proc = subprocess.Popen(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from bench.ports import free_port
 from bench.real.env import ensure_env, env_dir
 from router.render.chat_template import bundled_qwen3_dir
 
@@ -26,13 +26,6 @@ __all__ = ["SERVED_NAME", "VllmInstance", "VllmPair", "ensure_model"]
 
 SERVED_NAME = "tiny-qwen3"
 CPU_BLOCK_SIZE = 128  # vLLM's CPU build
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class _StartTimedOut(RuntimeError):
@@ -81,8 +74,8 @@ class VllmInstance:
     side_port: int
     log: Path
     popen: subprocess.Popen[bytes] | None = None
-    events_port: int = field(default_factory=_free_port)
-    replay_port: int = field(default_factory=_free_port)
+    events_port: int = field(default_factory=free_port)
+    replay_port: int = field(default_factory=free_port)
 
     @property
     def kv_events(self) -> str:
@@ -195,10 +188,10 @@ class VllmPair:
         # A restart keeps the ports: to the router it is the same instance, come back.
         if self.prefill is None or self.decode is None:
             self.prefill = VllmInstance(
-                "prefill", _free_port(), _free_port(), self.log_dir / "prefill.log"
+                "prefill", free_port(), free_port(), self.log_dir / "prefill.log"
             )
             self.decode = VllmInstance(
-                "decode", _free_port(), _free_port(), self.log_dir / "decode.log"
+                "decode", free_port(), free_port(), self.log_dir / "decode.log"
             )
         self.prefill.log = self.log_dir / f"prefill-{stamp}.log"
         self.decode.log = self.log_dir / f"decode-{stamp}.log"

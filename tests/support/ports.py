@@ -1,12 +1,7 @@
-"""Free loopback ports for test servers."""
+"""Free loopback ports for test servers (outside the kernel's ephemeral range)."""
 
 from __future__ import annotations
 
-import socket
+from bench.ports import free_port
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+__all__ = ["free_port"]
