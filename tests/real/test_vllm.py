@@ -591,19 +591,28 @@ async def test_zz_decode_restart_makes_records_stale(
         messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
         r1 = await chat(client, router.url, messages, conversation=nonce)
         assert r1.status_code == 200
-        await asyncio.to_thread(vllm_pair.restart)
-        await asyncio.to_thread(vllm_pair.warm_up)
         _, d_url = urls(vllm_pair)
-        restarts = (
-            f"carryover_instance_restarts_total{{instance={d_url.removeprefix('http://')},"
-            "role=decode}"
-        )
-        await eventually(
+        d_name = d_url.removeprefix("http://")
+        # The index holds what D kept of every turn of this tier (its pins last an hour).
+        blocks = f"carryover_kv_index_blocks{{instance={d_name}}}"
+        held = await eventually(
             lambda: ascrape(client, router.url),
-            lambda m: m.get(restarts, 0) >= 1,
-            what="the router notices D's restart",
+            lambda m: m.get(blocks, 0) >= 1,
+            what="the new router's index replayed D's blocks",
             timeout=120,
         )
+        await asyncio.to_thread(vllm_pair.restart)
+        await asyncio.to_thread(vllm_pair.warm_up)
+        restarts = f"carryover_instance_restarts_total{{instance={d_name},role=decode}}"
+        resets = f"carryover_kv_index_resets_total{{cause=restart,instance={d_name}}}"
+        await eventually(
+            lambda: ascrape(client, router.url),
+            lambda m: m.get(restarts, 0) >= 1 and m.get(resets, 0) >= 1,
+            what="the router notices D's restart and drops its index entries",
+            timeout=120,
+        )
+        # The new D holds at most the warm-up's blocks, far fewer than the old one's pins.
+        assert (await ascrape(client, router.url)).get(blocks, 0) < held[blocks]
         messages += [
             {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]},
             {"role": "user", "content": text(nonce, 1, 30)},
