@@ -46,6 +46,7 @@ def _multiturn(args: argparse.Namespace) -> None:
         speed=args.speed,
         targets=targets,
         model=args.model,
+        decode_ttl=args.decode_ttl,
         progress=sys.stderr.isatty(),
         meta={k: str(v) for k, v in vars(args).items() if k not in ("func", "target")},
     )
@@ -108,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--decodes", type=int, default=2)
     m.add_argument("--speed", type=float, default=1.0, help="simulated delay multiplier")
     m.add_argument("--model", default="sim-qwen3")
+    m.add_argument(
+        "--decode-ttl",
+        type=float,
+        help="D's decoder_kv_blocks_ttl in seconds (router told too): below --think-time, "
+        "every handle expires between turns",
+    )
     m.add_argument("--slo", default="ttft=2000ms,itl=50ms")
     m.add_argument("--out", type=Path, default=Path("results/multiturn"))
     m.set_defaults(func=_multiturn)

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.procs import topology
+import httpx
+
+from bench.procs import Process, topology
 from bench.report import Slo, build_report, write_report
 from bench.runner import TurnRecord, run_arm
 from bench.workload import Conversation
@@ -30,12 +32,45 @@ ARMS: dict[str, list[str] | None] = {
 #: Arms whose engines publish KV events that the router indexes (docs/kv-events.md).
 INDEXED = frozenset({"carryover", "carryover-unchecked", "carryover-decode-local"})
 BASELINE = "carryover-no-reuse"
+_DECODE_LOCAL = "carryover-decode-local"
+
+
+def arm_flags(arm: str) -> list[str] | None:
+    """The router flags of ``arm``; ``carryover-decode-local:N`` is that arm with N tokens as
+    its threshold (to measure several in one run)."""
+    name, _, threshold = arm.partition(":")
+    if name == _DECODE_LOCAL and threshold:
+        return ["--decode-local-max-tokens", str(int(threshold))]
+    if threshold or name not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}: one of {', '.join(ARMS)}")
+    return ARMS[name]
 
 
 @dataclass
 class ArmResult:
     records: list[TurnRecord]
     wall: float
+    # Prompt tokens by role and source, summed over the arm's engines ("decode/external_kv_transfer"
+    # is what D pulled from P): the engines' own counters, not the router's view.
+    sources: dict[str, float]
+
+
+_SOURCES = "vllm:prompt_tokens_by_source_total"
+
+
+def prompt_sources(engines: Sequence[tuple[str, Process]]) -> dict[str, float]:
+    """Sum each engine's prompt tokens by source, keyed ``role/source``."""
+    totals: dict[str, float] = {}
+    for role, engine in engines:
+        text = httpx.get(f"{engine.url}/metrics", timeout=30).text
+        for line in text.splitlines():
+            if not line.startswith(_SOURCES + "{"):
+                continue
+            labels, value = line.rsplit(" ", 1)
+            source = labels.split('source="', 1)[1].split('"', 1)[0]
+            key = f"{role}/{source}"
+            totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
 
 
 def _run_sim_arm(
@@ -48,28 +83,45 @@ def _run_sim_arm(
     sim_flags: Sequence[str],
     progress: bool,
     model: str,
+    decode_ttl: float | None,
 ) -> ArmResult:
-    flags = ARMS[arm]
+    flags = arm_flags(arm)
+    engines: list[tuple[str, Process]] = []
     with topology() as topo:
         if flags is None:
             engine = topo.sim("engine", None, speed=speed, extra=sim_flags)
             url, send_id = engine.url, False
+            engines.append(("colocated", engine))
         else:
-            events = arm in INDEXED
+            events = arm.partition(":")[0] in INDEXED
             ps = [
                 topo.sim(
                     f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags, kv_events=events
                 )
                 for i in range(prefills)
             ]
+            # A short decoder_kv_blocks_ttl stands in for minutes of reading: every handle
+            # expires before its conversation's next turn.
+            ttl = {"decoder_kv_blocks_ttl": decode_ttl} if decode_ttl else None
             ds = [
                 topo.sim(
-                    f"decode-{i}", "kv_consumer", speed=speed, extra=sim_flags, kv_events=events
+                    f"decode-{i}",
+                    "kv_consumer",
+                    speed=speed,
+                    extra=sim_flags,
+                    kv_events=events,
+                    extra_config=ttl,
                 )
                 for i in range(decodes)
             ]
-            router = topo.router("router", ps, ds, *flags)
+            ttl_flags = (
+                ["--decoder-kv-blocks-ttl", str(decode_ttl), "--queue-margin", "0"]
+                if decode_ttl
+                else []
+            )
+            router = topo.router("router", ps, ds, *flags, *ttl_flags)
             url, send_id = router.url, True
+            engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         topo.wait()
         started = time.perf_counter()
         records = asyncio.run(
@@ -82,7 +134,8 @@ def _run_sim_arm(
                 progress=progress,
             )
         )
-        return ArmResult(records, time.perf_counter() - started)
+        wall = time.perf_counter() - started
+        return ArmResult(records, wall, prompt_sources(engines))
 
 
 def run_arms(
@@ -99,11 +152,13 @@ def run_arms(
     model: str = "sim-qwen3",
     progress: bool = True,
     meta: dict[str, Any] | None = None,
+    decode_ttl: float | None = None,
 ) -> dict[str, Any]:
     """Every arm in ``arms`` runs on its own fresh simulated topology; ``targets`` maps extra arm
     names to already running endpoints (a router in front of real vLLM, say)."""
     records: list[TurnRecord] = []
     walls: dict[str, float] = {}
+    sources: dict[str, dict[str, float]] = {}
     for arm in arms:
         result = _run_sim_arm(
             arm,
@@ -114,14 +169,18 @@ def run_arms(
             sim_flags=sim_flags,
             progress=progress,
             model=model,
+            decode_ttl=decode_ttl,
         )
         records += result.records
         walls[arm] = result.wall
+        sources[arm] = result.sources
     for arm, url in (targets or {}).items():
         started = time.perf_counter()
         records += asyncio.run(run_arm(arm, url, conversations, model=model, progress=progress))
         walls[arm] = time.perf_counter() - started
     baseline = BASELINE if BASELINE in walls else None
-    report = build_report(records, baseline_arm=baseline, slo=slo, wall_seconds=walls, meta=meta)
+    report = build_report(
+        records, baseline_arm=baseline, slo=slo, wall_seconds=walls, meta=meta, sources=sources
+    )
     report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
     return report

@@ -74,7 +74,10 @@ def build_report(
     slo: Slo,
     wall_seconds: dict[str, float],
     meta: dict[str, Any] | None = None,
+    sources: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
+    """``sources``: per arm, the engines' prompt tokens by ``role/source`` (reported per
+    turn, so arms of different lengths compare)."""
     by_arm: dict[str, list[TurnRecord]] = defaultdict(list)
     for record in records:
         by_arm[record.arm].append(record)
@@ -132,6 +135,11 @@ def build_report(
             "goodput_share": good / len(rows) if rows else 0.0,
             "goodput_per_s": good / wall_seconds[arm] if wall_seconds.get(arm) else None,
             "wall_seconds": wall_seconds.get(arm),
+            "prompt_tokens_per_turn": {
+                key: value / len(ok) for key, value in sorted((sources or {}).get(arm, {}).items())
+            }
+            if ok
+            else {},
         }
     return {"meta": meta or {}, "slo": slo.describe(), "baseline_arm": baseline_arm, "arms": arms}
 
@@ -174,6 +182,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {_fmt(a['itl_p50_ms'])} / {_fmt(a['itl_p99_ms'])} | {a['goodput_share'] * 100:.0f}% "
             f"| {a['failed']}/{a['requests']} | {_fmt(a['answers_differing_from_baseline'])} | {paths} |"
         )
+    lines += _sources_table(arms)
     lines += [
         "",
         f"Goodput: share of turns within the SLO ({report['slo']}).",
@@ -181,6 +190,38 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# Columns of the engines' prompt-token table: (role/source key, heading).
+_SOURCE_COLUMNS = (
+    ("prefill/local_compute", "P computed"),
+    ("prefill/local_cache_hit", "P cache hit"),
+    ("prefill/external_kv_transfer", "P pulled from D"),
+    ("decode/external_kv_transfer", "D pulled from P"),
+    ("decode/local_cache_hit", "D cache hit"),
+    ("decode/local_compute", "D computed"),
+    ("colocated/local_compute", "computed (colocated)"),
+    ("colocated/local_cache_hit", "cache hit (colocated)"),
+)
+
+
+def _sources_table(arms: dict[str, Any]) -> list[str]:
+    """Prompt tokens per turn by where each engine got them (its own counters)."""
+    shown = [
+        (key, heading)
+        for key, heading in _SOURCE_COLUMNS
+        if any(a.get("prompt_tokens_per_turn", {}).get(key) for a in arms.values())
+    ]
+    if not shown:
+        return []
+    lines = ["", "## Prompt tokens per turn, by the engines' counters", ""]
+    lines.append("| arm | " + " | ".join(h for _, h in shown) + " |")
+    lines.append("|---|" + "---|" * len(shown))
+    for name, a in arms.items():
+        per_turn = a.get("prompt_tokens_per_turn", {})
+        cells = [f"{per_turn.get(key, 0.0):.0f}" for key, _ in shown]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.multiturn import arm_flags
 from bench.report import Slo, build_report, percentile, render_markdown
 from bench.runner import TurnRecord
 
@@ -69,3 +70,29 @@ def test_slo_parsing() -> None:
     assert (slo.ttft, slo.itl) == (2.0, 0.05)
     with pytest.raises(ValueError):
         Slo.parse("latency=1s")
+
+
+def test_prompt_tokens_are_reported_per_answered_turn() -> None:
+    records = [rec("a", "c1", 1, 0.1), rec("a", "c1", 2, 0.1), rec("b", "c1", 1, 0.1)]
+    sources = {
+        "a": {"prefill/local_compute": 300.0, "decode/external_kv_transfer": 100.0},
+        "b": {"colocated/local_compute": 50.0},
+    }
+    report = build_report(
+        records, baseline_arm=None, slo=Slo.parse(None), wall_seconds={}, sources=sources
+    )
+    assert report["arms"]["a"]["prompt_tokens_per_turn"] == {
+        "decode/external_kv_transfer": 50.0,
+        "prefill/local_compute": 150.0,
+    }
+    table = render_markdown(report)
+    assert "| arm | P computed | D pulled from P | computed (colocated) |" in table
+    assert "| a | 150 | 50 | 0 |" in table and "| b | 0 | 0 | 50 |" in table
+
+
+def test_decode_local_arms_take_their_threshold_from_the_name() -> None:
+    assert arm_flags("carryover-decode-local:128") == ["--decode-local-max-tokens", "128"]
+    assert arm_flags("carryover-no-reuse") == ["--no-reuse"]
+    assert arm_flags("colocated") is None
+    with pytest.raises(ValueError):
+        arm_flags("carryover:12")
