@@ -183,12 +183,13 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {a['failed']}/{a['requests']} | {_fmt(a['answers_differing_from_baseline'])} | {paths} |"
         )
     lines += _sources_table(arms)
-    lines += [
-        "",
-        f"Goodput: share of turns within the SLO ({report['slo']}).",
-        f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the same turn.",
-        "",
-    ]
+    lines += ["", f"Goodput: share of turns within the SLO ({report['slo']})."]
+    if report["baseline_arm"]:
+        lines.append(
+            f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the "
+            "same turn."
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
