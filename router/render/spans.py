@@ -49,29 +49,46 @@ class SpanEncoder:
     def encode(self, text: str) -> list[int]:
         if not self.enabled:
             return self._encode_whole(text)
+        parts = self._split.split(text)
+        known = self._known([part for part in parts[::2] if part])
+        missing = [part for part in dict.fromkeys(parts[::2]) if part and part not in known]
+        if missing:
+            known.update(self._encode_new(missing))
         ids: list[int] = []
         special = self._ids
-        for i, part in enumerate(self._split.split(text)):
+        for i, part in enumerate(parts):
             if i % 2:  # the separators the split kept: added tokens
                 ids.append(special[part])
             elif part:
-                ids.extend(self._span(part))
+                ids.extend(known[part])
         return ids
 
-    def _span(self, span: str) -> list[int]:
+    def _known(self, spans: list[str]) -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
         with self._lock:
-            found = self._spans.get(span)
-            if found is not None:
-                self._spans.move_to_end(span)
-                self.hits += 1
-                return found
-        ids = self._encode_whole(span)
+            for span in spans:
+                ids = self._spans.get(span)
+                if ids is not None:
+                    self._spans.move_to_end(span)
+                    found[span] = ids
+            self.hits += len(found)
+        return found
+
+    def _encode_new(self, spans: list[str]) -> dict[str, list[int]]:
+        # A turn usually brings two new spans (the last answer and the new message): one batch
+        # call lets the tokenizer encode them side by side.
+        if len(spans) == 1:
+            encoded = [self._encode_whole(spans[0])]
+        else:
+            batch = self._tokenizer.encode_batch(spans, add_special_tokens=False)
+            encoded = [list(e.ids) for e in batch]
         with self._lock:
-            self.misses += 1
-            if span not in self._spans and len(span) <= self.max_chars:
-                self._spans[span] = ids
-                self._chars += len(span)
-                while self._chars > self.max_chars:
-                    old, _ = self._spans.popitem(last=False)
-                    self._chars -= len(old)
-        return ids
+            self.misses += len(spans)
+            for span, ids in zip(spans, encoded, strict=True):
+                if span not in self._spans and len(span) <= self.max_chars:
+                    self._spans[span] = ids
+                    self._chars += len(span)
+            while self._chars > self.max_chars:
+                old, _ = self._spans.popitem(last=False)
+                self._chars -= len(old)
+        return dict(zip(spans, encoded, strict=True))
