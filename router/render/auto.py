@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
 from router.errors import ClientError
@@ -29,6 +30,8 @@ from router.render.backends import (
 __all__ = ["AutoRenderer", "RenderCheck", "keep_checked", "probe_chats", "probe_texts"]
 
 log = logging.getLogger("carryover.render")
+
+_Render = Callable[[], Awaitable[list[int]]]
 
 # Fields /tokenize applies and the local template does not: such a request goes to the engine.
 _ENGINE_ONLY = TOKENIZE_FIELDS - LOCAL_FIELDS
@@ -129,26 +132,49 @@ class AutoRenderer:
 
     async def check(self, model: str, engine_url: str) -> RenderCheck:
         """Compare both sides on the probes; ``PENDING`` again when the engine could not
-        answer (the caller tries later)."""
-        if self._local is None:
+        be reached (the caller tries later)."""
+        local = self._local
+        if local is None:
             return self.state
-        try:
-            for number, body in enumerate(probe_chats()):
-                ours = await self._local.chat(body, model, None)
-                theirs = await self._engine.chat(body, model, engine_url)
-                if ours != theirs:
-                    return self._disagree(f"chat probe {number}", ours, theirs)
-            for text in probe_texts():
-                ours = await self._local.text(text, model, None)
-                theirs = await self._engine.text(text, model, engine_url)
-                if ours != theirs:
-                    return self._disagree("text probe", ours, theirs)
-        except (RenderFailed, ClientError) as exc:
-            log.info("render check against %s not possible yet: %s", engine_url, exc)
-            return self.state
+        engine = self._engine
+        probes: list[tuple[str, _Render, _Render]] = [
+            (
+                f"chat probe {number}",
+                partial(local.chat, body, model, None),
+                partial(engine.chat, body, model, engine_url),
+            )
+            for number, body in enumerate(probe_chats())
+        ]
+        probes += [
+            (
+                "text probe",
+                partial(local.text, text, model, None),
+                partial(engine.text, text, model, engine_url),
+            )
+            for text in probe_texts()
+        ]
+        for probe, render_here, render_there in probes:
+            try:
+                ours = await render_here()
+            except ClientError as exc:
+                return self._give_up(f"{probe}: this process cannot render it ({exc})")
+            try:
+                theirs = await render_there()
+            except ClientError as exc:
+                return self._give_up(f"{probe}: the engine refused it ({exc})")
+            except RenderFailed as exc:
+                log.info("render check against %s not possible yet: %s", engine_url, exc)
+                return self.state
+            if ours != theirs:
+                return self._disagree(probe, ours, theirs)
         if self.state is not RenderCheck.AGREES:
             log.info("rendering in process: it agrees with %s/tokenize", engine_url)
         self._set(RenderCheck.AGREES)
+        return self.state
+
+    def _give_up(self, why: str) -> RenderCheck:
+        log.warning("render check failed, the engine renders: %s", why)
+        self._set(RenderCheck.DISAGREES)
         return self.state
 
     def _disagree(self, probe: str, ours: list[int], theirs: list[int]) -> RenderCheck:

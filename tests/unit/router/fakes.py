@@ -97,7 +97,10 @@ class FakeFleet(httpx.AsyncBaseTransport):
         body = json.loads(await request.aread())
         if path == "/tokenize":
             self.tokenize_calls += 1
-            return httpx.Response(200, json={"tokens": self.tokenize(body)})
+            try:
+                return httpx.Response(200, json={"tokens": self.tokenize(body)})
+            except ValueError as exc:  # what the engine's template cannot render
+                return httpx.Response(400, json={"error": {"message": str(exc), "code": 400}})
         engine.requests.append(body)
         if engine.fail_next:
             status = engine.fail_next.pop(0)

@@ -102,3 +102,19 @@ async def test_a_prefill_restarted_with_another_tokenizer_is_checked_again(rig: 
     await rig.until("disagrees")
     ids = await rig.chat(1)
     assert ids == fake_tokenize({"messages": [{"role": "user", "content": "question 1"}]})
+
+
+def no_tools_tokenize(body: dict[str, Any]) -> list[int]:
+    if body.get("tools"):
+        raise ValueError("this template takes no tools")
+    return qwen3_tokenize(body)
+
+
+@pytest.mark.parametrize("tokenize", [no_tools_tokenize])
+async def test_an_engine_that_refuses_a_probe_keeps_rendering_and_is_not_asked_again(
+    rig: Rig,
+) -> None:
+    await rig.until("disagrees")
+    calls = rig.fleet.tokenize_calls
+    await rig.chat(1)
+    assert rig.fleet.tokenize_calls == calls + 1  # the turn's render, no further probes
