@@ -1,0 +1,129 @@
+"""Health, readiness, metrics, the OpenAPI document, and what operators do to conversations
+and instances."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+
+from router.api_schema import openapi_document
+from router.auth import DEFAULT_TENANT
+from router.errors import EngineUnavailable, NotFound, error_body
+from router.services import conversation_key, json_response, resolve_model, services_of
+from state import StoreUnavailable
+
+__all__ = [
+    "drain_instance",
+    "end_conversation",
+    "health",
+    "inspect_conversation",
+    "metrics",
+    "openapi",
+    "ready",
+]
+
+_OPENAPI = msgspec.json.encode(openapi_document())
+
+
+@get("/openapi.json")
+async def openapi() -> Response[bytes]:
+    return json_response(200, _OPENAPI)
+
+
+@get("/health")
+async def health() -> Response[bytes]:
+    return json_response(200, b'{"status":"ok"}')
+
+
+@get("/ready")
+async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
+    if services_of(request).pool.ready():
+        return json_response(200, b'{"status":"ready"}')
+    return json_response(
+        503, error_body(503, "no healthy prefill/decode pair", "ServiceUnavailableError")
+    )
+
+
+@get("/metrics")
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    content = services_of(request).metrics.render()
+    return Response(content, media_type="text/plain; version=0.0.4")
+
+
+@delete("/v1/conversations/{conversation_id:str}", status_code=200)
+async def end_conversation(
+    request: Request[Any, Any, Any], conversation_id: str
+) -> Response[bytes]:
+    """Drop a conversation's record and free its decode blocks now."""
+    services = services_of(request)
+    tenant = services.auth.tenant(request.headers.get("authorization"))
+    model, model_name = resolve_model(services, request.query_params.get("model"))
+    key = conversation_key(tenant, model_name, conversation_id)
+    try:
+        # Turns still running commit nothing after this (fenced for as long as one can run).
+        record = await services.store.delete(
+            key, now=services.clock(), fence=services.config.timeouts.request
+        )
+    except StoreUnavailable as exc:
+        raise EngineUnavailable("conversation state is unavailable") from exc
+    released = False
+    if record is not None:
+        released = await services.runner.release(model, model_name, record.handle)
+    return json_response(
+        200,
+        msgspec.json.encode(
+            {"id": conversation_id, "deleted": record is not None, "released": released}
+        ),
+    )
+
+
+@get("/admin/conversations/{conversation_id:str}")
+async def inspect_conversation(
+    request: Request[Any, Any, Any], conversation_id: str
+) -> Response[bytes]:
+    """A record's summary (never its handle or block ids)."""
+    services = services_of(request)
+    services.auth.admin(request.headers.get("authorization"))
+    tenant = request.query_params.get("tenant") or DEFAULT_TENANT
+    _, model_name = resolve_model(services, request.query_params.get("model"))
+    key = conversation_key(tenant, model_name, conversation_id)
+    try:
+        record = await services.store.get(key)
+    except StoreUnavailable as exc:
+        raise EngineUnavailable("conversation state is unavailable") from exc
+    if record is None:
+        raise NotFound("no record for this conversation")
+    now = services.clock()
+    summary = {
+        "id": conversation_id,
+        "tenant": tenant,
+        "turn": record.turn,
+        "decode": record.decode,
+        "decode_epoch": record.decode_epoch,
+        "prefill": record.prefill,
+        "tokens": record.prefix.length,
+        "output_start": record.prefix.output_start,
+        "block_size": record.block_size,
+        "age_seconds": round(now - record.created_at, 3),
+        "expires_in_seconds": round(record.expires_in(now), 3),
+    }
+    return json_response(200, msgspec.json.encode(summary))
+
+
+@post("/admin/instances/{name:str}/drain", status_code=200)
+async def drain_instance(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+    services = services_of(request)
+    services.auth.admin(request.headers.get("authorization"))
+    instance = services.pool.by_name.get(name)
+    if instance is None:
+        raise NotFound(f"no instance named {name!r}")
+    undo = request.query_params.get("undo") in ("1", "true")
+    instance.draining = not undo
+    return json_response(
+        200,
+        msgspec.json.encode(
+            {"instance": name, "draining": instance.draining, "in_flight": instance.in_flight}
+        ),
+    )

@@ -1,0 +1,75 @@
+"""What every route handler reaches: the app's services, and the lookups they share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from litestar import Request, Response
+
+from router.auth import Authenticator
+from router.config import ModelConfig, RouterConfig
+from router.errors import BadConversationId, ModelNotFound
+from router.kv.service import KvEvents
+from router.metrics import RouterMetrics
+from router.pool import InstancePool
+from router.tracing import Tracing
+from router.turn import TurnRunner
+from router.upstream import Upstream
+from state import ConversationKey, InvalidIdentifier, Store
+
+__all__ = ["Services", "conversation_key", "json_response", "resolve_model", "services_of"]
+
+
+@dataclass
+class Services:
+    config: RouterConfig
+    store: Store
+    upstream: Upstream
+    pool: InstancePool
+    runner: TurnRunner
+    metrics: RouterMetrics
+    auth: Authenticator
+    model_names: dict[int, str]
+    tracing: Tracing
+    kv: KvEvents
+    clock: Callable[[], float] = time.time
+    in_flight: int = 0
+    closing: bool = False
+
+
+def json_response(
+    status: int, content: bytes, headers: dict[str, str] | None = None
+) -> Response[bytes]:
+    return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+
+def services_of(request: Request[Any, Any, Any]) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def resolve_model(services: Services, name: str | None) -> tuple[ModelConfig, str]:
+    models = services.config.models
+    for model in models:
+        known = services.model_names.get(id(model))
+        if known is not None and known == name:
+            return model, known
+    if len(models) == 1:
+        model = models[0]
+        known = services.model_names.get(id(model))
+        if known is None:
+            return model, name or ""
+        if name is None:
+            return model, known
+    raise ModelNotFound(f"The model `{name}` does not exist.")
+
+
+def conversation_key(tenant: str, model_name: str, conversation_id: str) -> ConversationKey:
+    try:
+        # A model whose name is not known yet (discovery pending) still gets one namespace.
+        return ConversationKey(tenant, model_name or "default", conversation_id)
+    except InvalidIdentifier as exc:
+        raise BadConversationId(str(exc)) from exc
