@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, delete, get, post
+from litestar.params import FromPath
 
 from router.api_schema import openapi_document
 from router.auth import DEFAULT_TENANT
@@ -54,7 +55,7 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @delete("/v1/conversations/{conversation_id:str}", status_code=200)
 async def end_conversation(
-    request: Request[Any, Any, Any], conversation_id: str
+    request: Request[Any, Any, Any], conversation_id: FromPath[str]
 ) -> Response[bytes]:
     """Drop a conversation's record and free its decode blocks now."""
     services = services_of(request)
@@ -81,7 +82,7 @@ async def end_conversation(
 
 @get("/admin/conversations/{conversation_id:str}")
 async def inspect_conversation(
-    request: Request[Any, Any, Any], conversation_id: str
+    request: Request[Any, Any, Any], conversation_id: FromPath[str]
 ) -> Response[bytes]:
     """A record's summary (never its handle or block ids)."""
     services = services_of(request)
@@ -113,7 +114,7 @@ async def inspect_conversation(
 
 
 @post("/admin/instances/{name:str}/drain", status_code=200)
-async def drain_instance(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+async def drain_instance(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
     services = services_of(request)
     services.auth.admin(request.headers.get("authorization"))
     instance = services.pool.by_name.get(name)
