@@ -102,6 +102,7 @@ class AutoRenderer:
         self._local = local
         self._on_change = on_change
         self.state = RenderCheck.PENDING if local is not None else RenderCheck.NO_LOCAL
+        self._rechecks = 0  # a check that overlapped a restart does not count
         on_change(self.state)
 
     def _set(self, state: RenderCheck) -> None:
@@ -128,6 +129,7 @@ class AutoRenderer:
     def recheck(self) -> None:
         """A prefill instance restarted: render through the engine until compared again."""
         if self.state is not RenderCheck.NO_LOCAL:
+            self._rechecks += 1
             self._set(RenderCheck.PENDING)
 
     async def check(self, model: str, engine_url: str) -> RenderCheck:
@@ -136,7 +138,7 @@ class AutoRenderer:
         local = self._local
         if local is None:
             return self.state
-        engine = self._engine
+        engine, started = self._engine, self._rechecks
         probes: list[tuple[str, _Render, _Render]] = [
             (
                 f"chat probe {number}",
@@ -153,6 +155,18 @@ class AutoRenderer:
             )
             for text in probe_texts()
         ]
+        verdict = await self._compare(probes, engine_url)
+        if verdict is None or self._rechecks != started:
+            return self.state  # not reached yet, or an instance restarted meanwhile: again
+        if verdict is RenderCheck.AGREES and self.state is not RenderCheck.AGREES:
+            log.info("rendering in process: it agrees with %s/tokenize", engine_url)
+        self._set(verdict)
+        return self.state
+
+    async def _compare(
+        self, probes: list[tuple[str, _Render, _Render]], engine_url: str
+    ) -> RenderCheck | None:
+        """``AGREES``, ``DISAGREES`` (logged), or ``None`` when the engine was not reached."""
         for probe, render_here, render_there in probes:
             try:
                 ours = await render_here()
@@ -164,20 +178,18 @@ class AutoRenderer:
                 return self._give_up(f"{probe}: the engine refused it ({exc})")
             except RenderFailed as exc:
                 log.info("render check against %s not possible yet: %s", engine_url, exc)
-                return self.state
+                return None
             if ours != theirs:
                 return self._disagree(probe, ours, theirs)
-        if self.state is not RenderCheck.AGREES:
-            log.info("rendering in process: it agrees with %s/tokenize", engine_url)
-        self._set(RenderCheck.AGREES)
-        return self.state
+        return RenderCheck.AGREES
 
-    def _give_up(self, why: str) -> RenderCheck:
+    @staticmethod
+    def _give_up(why: str) -> RenderCheck:
         log.warning("render check failed, the engine renders: %s", why)
-        self._set(RenderCheck.DISAGREES)
-        return self.state
+        return RenderCheck.DISAGREES
 
-    def _disagree(self, probe: str, ours: list[int], theirs: list[int]) -> RenderCheck:
+    @staticmethod
+    def _disagree(probe: str, ours: list[int], theirs: list[int]) -> RenderCheck:
         at = next(
             (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
             min(len(ours), len(theirs)),
@@ -192,8 +204,7 @@ class AutoRenderer:
             ours[at : at + 4],
             theirs[at : at + 4],
         )
-        self._set(RenderCheck.DISAGREES)
-        return self.state
+        return RenderCheck.DISAGREES
 
 
 async def keep_checked(

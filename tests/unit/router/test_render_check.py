@@ -4,15 +4,17 @@ only the engine applies."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from litestar.testing import AsyncTestClient
 
 from router.app import create_app
 from router.cli import load_config
+from router.render.auto import AutoRenderer, RenderCheck
+from router.render.backends import EngineTokenize, LocalRenderer
 from router.render.chat_template import ChatTemplate
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import FakeEngine, FakeFleet, Tokenizer, fake_tokenize
@@ -118,3 +120,27 @@ async def test_an_engine_that_refuses_a_probe_keeps_rendering_and_is_not_asked_a
     calls = rig.fleet.tokenize_calls
     await rig.chat(1)
     assert rig.fleet.tokenize_calls == calls + 1  # the turn's render, no further probes
+
+
+class _Side:
+    """A renderer side that says the same ids as the other, and can run a hook on a call."""
+
+    def __init__(self, on_call: Callable[[], None] = lambda: None) -> None:
+        self.on_call = on_call
+
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        self.on_call()
+        return qwen3_tokenize(body)
+
+    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+        self.on_call()
+        return QWEN3.encode(prompt)
+
+
+async def test_a_check_that_overlaps_a_prefill_restart_does_not_count() -> None:
+    engine = _Side()
+    renderer = AutoRenderer(cast(EngineTokenize, engine), cast(LocalRenderer, _Side()))
+    engine.on_call = renderer.recheck  # the instance restarts while it is being compared
+    assert await renderer.check("m", "http://p0") is RenderCheck.PENDING
+    engine.on_call = lambda: None
+    assert await renderer.check("m", "http://p0") is RenderCheck.AGREES
