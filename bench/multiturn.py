@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import Process, topology
 from bench.report import Slo, build_report, write_report
@@ -46,6 +47,11 @@ def arm_flags(arm: str) -> list[str] | None:
     return ARMS[name]
 
 
+def indexed(arm: str) -> bool:
+    """Whether the arm's engines publish KV events (``INDEXED``, whatever its threshold)."""
+    return arm.partition(":")[0] in INDEXED
+
+
 @dataclass
 class ArmResult:
     records: list[TurnRecord]
@@ -63,13 +69,11 @@ def prompt_sources(engines: Sequence[tuple[str, Process]]) -> dict[str, float]:
     totals: dict[str, float] = {}
     for role, engine in engines:
         text = httpx.get(f"{engine.url}/metrics", timeout=30).text
-        for line in text.splitlines():
-            if not line.startswith(_SOURCES + "{"):
-                continue
-            labels, value = line.rsplit(" ", 1)
-            source = labels.split('source="', 1)[1].split('"', 1)[0]
-            key = f"{role}/{source}"
-            totals[key] = totals.get(key, 0.0) + float(value)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == _SOURCES:
+                    key = f"{role}/{sample.labels['source']}"
+                    totals[key] = totals.get(key, 0.0) + sample.value
     return totals
 
 
@@ -93,7 +97,7 @@ def _run_sim_arm(
             url, send_id = engine.url, False
             engines.append(("colocated", engine))
         else:
-            events = arm.partition(":")[0] in INDEXED
+            events = indexed(arm)
             ps = [
                 topo.sim(
                     f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags, kv_events=events

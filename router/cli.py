@@ -211,7 +211,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         if render_url is not None:
             render.update(backend="server", url=render_url)
         elif args.render_local is not None:
-            render.update(backend="local", path=args.render_local or tokenizer)
+            render.update(backend="local", path=args.render_local or None)
         if backend is not None:
             render["backend"] = backend
         if tokenizer is not None:

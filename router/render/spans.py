@@ -50,8 +50,9 @@ class SpanEncoder:
         if not self.enabled:
             return self._encode_whole(text)
         parts = self._split.split(text)
-        known = self._known([part for part in parts[::2] if part])
-        missing = [part for part in dict.fromkeys(parts[::2]) if part and part not in known]
+        spans = [part for part in dict.fromkeys(parts[::2]) if part]  # text between added tokens
+        known = self._known(spans)
+        missing = [span for span in spans if span not in known]
         if missing:
             known.update(self._encode_new(missing))
         ids: list[int] = []
