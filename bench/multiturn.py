@@ -28,20 +28,29 @@ ARMS: dict[str, list[str] | None] = {
     "carryover-no-index": [],
     # Short turns run on the D that holds their history, without a P leg.
     "carryover-decode-local": ["--decode-local-max-tokens", "512"],
+    # The index with another price of load in tokens (router/policy.py); 0: any holding wins.
+    "carryover-tokens-per-load": ["--affinity-tokens-per-load", "0"],
     "colocated": None,
 }
 #: Arms whose engines publish KV events that the router indexes (docs/kv-events.md).
-INDEXED = frozenset({"carryover", "carryover-unchecked", "carryover-decode-local"})
+INDEXED = frozenset(
+    {"carryover", "carryover-unchecked", "carryover-decode-local", "carryover-tokens-per-load"}
+)
 BASELINE = "carryover-no-reuse"
-_DECODE_LOCAL = "carryover-decode-local"
+#: Arms that take their one setting after a colon (``carryover-decode-local:256``).
+_SETTING = {
+    "carryover-decode-local": "--decode-local-max-tokens",
+    "carryover-tokens-per-load": "--affinity-tokens-per-load",
+}
 
 
 def arm_flags(arm: str) -> list[str] | None:
     """The router flags of ``arm``; ``carryover-decode-local:N`` is that arm with N tokens as
-    its threshold (to measure several in one run)."""
+    its threshold, ``carryover-tokens-per-load:N`` with N as its price of load (to measure
+    several in one run)."""
     name, _, threshold = arm.partition(":")
-    if name == _DECODE_LOCAL and threshold:
-        return ["--decode-local-max-tokens", str(int(threshold))]
+    if name in _SETTING and threshold:
+        return [_SETTING[name], str(int(threshold))]
     if threshold or name not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: one of {', '.join(ARMS)}")
     return ARMS[name]

@@ -64,6 +64,16 @@ def _serve_parser() -> argparse.ArgumentParser:
         type=int,
         help="run a turn on D alone when D holds all but at most this many prompt tokens",
     )
+    p.add_argument(
+        "--affinity-slack",
+        type=int,
+        help="requests busier than the least loaded a KV holder may be (default 4)",
+    )
+    p.add_argument(
+        "--affinity-tokens-per-load",
+        type=int,
+        help="prompt tokens a KV holder must save per request of extra load (default 256)",
+    )
     p.add_argument("--no-partial-reuse", action="store_true")
     p.add_argument("--no-reuse", action="store_true", help="plain P/D, no conversation state")
     p.add_argument(
@@ -151,6 +161,13 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         ("held_interval", args.held_interval, "HELD_INTERVAL", float),
         ("max_body_bytes", args.max_body_bytes, "MAX_BODY_BYTES", int),
         ("max_messages", args.max_messages, "MAX_MESSAGES", int),
+        ("affinity_slack", args.affinity_slack, "AFFINITY_SLACK", int),
+        (
+            "affinity_tokens_per_load",
+            args.affinity_tokens_per_load,
+            "AFFINITY_TOKENS_PER_LOAD",
+            int,
+        ),
         ("admin_key", args.admin_key, "ADMIN_KEY", str),
         ("log_level", args.log_level, "LOG_LEVEL", str),
     ):

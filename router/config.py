@@ -183,6 +183,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         affinity_slack: how much busier (in-flight requests) the instance holding most of the
             prompt (without KV events: the last turn's P or D) may be and still be preferred
             over the least loaded one, on either leg.
+        affinity_tokens_per_load: prompt tokens a KV holder must hold for each request of
+            load it has above the least loaded instance to be preferred (docs/kv-events.md).
         shutdown_grace: seconds in-flight streams get to finish on shutdown.
         conversation_headers: request headers that carry the conversation id when the body
             has no ``conversation_id``, first present wins (benchmark tools differ: vLLM's
@@ -208,6 +210,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     breaker_failures: int = 3
     breaker_reset: float = 5.0
     affinity_slack: int = 4
+    affinity_tokens_per_load: int = 256
     shutdown_grace: float = 30.0
     conversation_headers: tuple[str, ...] = ("x-conversation-id", "x-session-id")
     log_level: str = "info"
@@ -227,5 +230,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("model names must be unique")
         if len(self.models) > 1 and len(named) != len(self.models):
             raise ConfigError("with several models, each needs a name")
+        if self.affinity_slack < 0 or self.affinity_tokens_per_load < 0:
+            raise ConfigError("affinity_slack and affinity_tokens_per_load must be 0 or more")
         if self.max_body_bytes <= 0 or self.max_messages <= 0:
             raise ConfigError("max_body_bytes and max_messages must be positive")

@@ -2,19 +2,22 @@
 already holds of the prompt; no side effects.
 
 Both legs follow one rule (docs/kv-events.md): among the instances at most ``slack`` requests
-busier than the least loaded one, the one holding the most of the prompt wins; load decides
-when none holds any of it. Without an index, the instance of the conversation's last turn
-stands in for "holds the most" (its prefix cache likely does).
+busier than the least loaded one, the one with the best gain wins, where the gain is the
+prompt tokens an instance holds less ``tokens_per_load`` for each request of load it has above
+the least loaded. A holder is thus worth its extra load only when it saves enough of the
+prompt; load decides when nobody's gain is positive. Without an index, the instance of the
+conversation's last turn stands in for "holds the most" (its prefix cache likely does).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from router.pool import Instance
 
-__all__ = ["pick_decode", "pick_prefill"]
+__all__ = ["Affinity", "pick_decode", "pick_prefill"]
 
 #: Tokens of the prompt an instance holds, or ``None`` when nothing is known of it.
 Held = Callable[[Instance], int | None]
@@ -24,17 +27,35 @@ def _nothing_known(_: Instance) -> int | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """How much load a KV holder may carry and still be preferred.
+
+    Attributes:
+        slack: the most requests busier than the least loaded instance any holder may be.
+        tokens_per_load: prompt tokens a holder must save for each request of load it has
+            above the least loaded; 0 makes any holding win within the slack.
+    """
+
+    slack: int = 0
+    tokens_per_load: int = 0
+
+
 def _by_holding(
-    candidates: list[Instance], held: Held, affinity: str | None, slack: int, least: Instance
+    candidates: list[Instance], held: Held, last: str | None, affinity: Affinity, least: Instance
 ) -> Instance | None:
-    ceiling = least.load() + slack
-    eligible = [i for i in candidates if i.load() <= ceiling]
-    scored = [(held(i) or 0, i) for i in eligible]
-    best = max(scored, key=lambda s: (s[0], -s[1].load()), default=None)
-    if best is not None and best[0] > 0:
-        return best[1]
+    floor = least.load()
+    eligible = [i for i in candidates if i.load() <= floor + affinity.slack]
+    holdings = [(held(i) or 0, i) for i in eligible]
+    if any(tokens > 0 for tokens, _ in holdings):
+        gains = [
+            (tokens - affinity.tokens_per_load * (i.load() - floor), i) for tokens, i in holdings
+        ]
+        gain, best = max(gains, key=lambda g: (g[0], -g[1].load()))
+        # No holder saves enough for its load: the caller decides by load alone.
+        return best if gain > 0 else None
     for instance in eligible:
-        if instance.name == affinity:
+        if instance.name == last:
             return instance
     return None
 
@@ -44,17 +65,17 @@ def pick_decode(
     rng: random.Random,
     *,
     held: Held = _nothing_known,
-    affinity: str | None = None,
-    slack: int = 0,
+    last: str | None = None,
+    affinity: Affinity = Affinity(),
 ) -> Instance | None:
-    """The D holding most of the prompt within ``slack`` of the least load; else power of two
-    choices on load (in-flight, queued, KV pressure)."""
+    """The D with the best gain within the slack of the least load (else the conversation's
+    last D); else power of two choices on load (in-flight, queued, KV pressure)."""
     if not candidates:
         return None
     if len(candidates) == 1:
         return candidates[0]
     least = min(candidates, key=lambda i: (i.load(), rng.random()))
-    chosen = _by_holding(candidates, held, affinity, slack, least)
+    chosen = _by_holding(candidates, held, last, affinity, least)
     if chosen is not None:
         return chosen
     a, b = rng.sample(candidates, 2)
@@ -63,15 +84,15 @@ def pick_decode(
 
 def pick_prefill(
     candidates: list[Instance],
-    affinity: str | None,
-    slack: int,
     rng: random.Random,
     *,
     held: Held = _nothing_known,
+    last: str | None = None,
+    affinity: Affinity = Affinity(),
 ) -> Instance | None:
-    """The P holding most of the prompt (else the conversation's last P) unless it is more
-    than ``slack`` requests busier than the least loaded P; else the least loaded."""
+    """The P with the best gain within the slack of the least load (else the conversation's
+    last P); else the least loaded."""
     if not candidates:
         return None
     least = min(candidates, key=lambda i: (i.load(), rng.random()))
-    return _by_holding(candidates, held, affinity, slack, least) or least
+    return _by_holding(candidates, held, last, affinity, least) or least

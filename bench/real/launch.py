@@ -99,6 +99,7 @@ class VllmPair:
     p_args: list[str] = field(default_factory=list)
     d_args: list[str] = field(default_factory=list)
     kv_events: bool = False  # both engines publish KV events (and keep them for replay)
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: POST /reset_prefix_cache and the like
     prefill: VllmInstance | None = None
     decode: VllmInstance | None = None
 
@@ -167,6 +168,8 @@ class VllmPair:
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_LOGGING_LEVEL": "DEBUG",
         }
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return args, env
 
     def start(self, timeout: float = 420.0, attempts: int = 2) -> None:

@@ -90,8 +90,8 @@ def _pick_decode(
         pick_decode,
         rng=svc.rng,
         held=holding(svc, prepared),
-        affinity=prepared.record.decode if prepared.record is not None else None,
-        slack=svc.config.affinity_slack,
+        last=prepared.record.decode if prepared.record is not None else None,
+        affinity=svc.affinity,
     )
     instance = choose(svc.pool.available(req.model, "decode", tried))
     if instance is None:

@@ -49,16 +49,16 @@ async def run_prefill(
 ) -> tuple[Instance | None, dict[str, Any] | None]:
     """Run the P leg; ``(None, None)`` when no P could serve it (D then runs alone)."""
     tried: set[Instance] = set()
-    affinity = prepared.record.prefill if prepared.record is not None else None
+    last = prepared.record.prefill if prepared.record is not None else None
     held = holding(svc, prepared)
     with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
         for _ in range(3):
             instance = pick_prefill(
                 svc.pool.available(req.model, "prefill", tried),
-                affinity,
-                svc.config.affinity_slack,
                 svc.rng,
                 held=held,
+                last=last,
+                affinity=svc.affinity,
             )
             if instance is None:
                 return await _no_prefill(svc, req, prepared)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -17,7 +18,7 @@ from router.errors import UpstreamError
 from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.outcomes import ReleaseCause
-from router.policy import pick_prefill
+from router.policy import Affinity, pick_prefill
 from router.pool import InstancePool
 from router.render.backends import Renderer
 from router.turn.model import TurnRequest
@@ -57,6 +58,10 @@ class TurnServices:
     kv: KvEvents | None = None  # the KV-event index; None or empty: routing by load alone
     background: set[asyncio.Task[bool]] = field(default_factory=set)
 
+    @functools.cached_property
+    def affinity(self) -> Affinity:
+        return Affinity(self.config.affinity_slack, self.config.affinity_tokens_per_load)
+
     def renderer(self, model: ModelConfig) -> Renderer:
         return self.renderers[id(model)]
 
@@ -81,7 +86,7 @@ class TurnServices:
     async def release(self, model: ModelConfig, model_name: str, handle: dict[str, Any]) -> bool:
         """A one-token P request carrying the handle with ``remote_num_tokens: 0``: P
         computes locally and D frees the blocks at once."""
-        instance = pick_prefill(self.pool.available(model, "prefill"), None, 0, self.rng)
+        instance = pick_prefill(self.pool.available(model, "prefill"), self.rng)
         if instance is None:
             return False
         body = {

@@ -1,7 +1,11 @@
 """The real-engine tier: vLLM's CPU build with NIXL, a seeded random tiny Qwen3, real Redis.
 
-One P/D pair serves the whole tier (a start takes a minute or two on 2 cores); tests that
-need other router settings start their own router in front of it.
+One P/D pair runs at a time (a start takes a minute or two on 2 cores, and two pairs would
+share the cores four ways); tests that need other router settings start their own router in
+front of it. Two configurations exist: ``vllm_pair``, whose P has no prefix cache (so P's
+counters say exactly what the router attached), and ``cached_pair``, whose P keeps one (what a
+turn without a handle finds there). ``Engines`` swaps them when a test asks for the other;
+the modules are named so that each configuration is started once (``test_caches.py`` first).
 
 No test here races a clock: D pins a turn's blocks for an hour and the routers are told so, far
 beyond any turn of a slow or loaded machine (a first forward pass took 41 s on two busy cores).
@@ -14,6 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.real.launch import VllmPair
@@ -27,26 +32,71 @@ pytestmark = pytest.mark.real
 D_TTL = 3600.0
 
 
+class Engines:
+    """At most one running pair, of the configuration the current test asks for."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.running: VllmPair | None = None
+        self.kind: str | None = None
+
+    def pair(self, kind: str) -> VllmPair:
+        if self.kind == kind and self.running is not None:
+            return self.running
+        self.stop()
+        pair = VllmPair(
+            log_dir=self.log_dir / kind,
+            d_extra={"decoder_kv_blocks_ttl": D_TTL},
+            # Without a prefix cache on P every pull is whole, so P's counters say exactly
+            # what the router attached; D keeps its cache (the realistic side).
+            p_args=[] if kind == "cached" else ["--no-enable-prefix-caching"],
+            # Both publish KV events: every router of this tier keeps an index of them, so
+            # the subscriber meets vLLM's own wire format in every test.
+            kv_events=True,
+            dev_mode=kind == "cached",  # POST /reset_prefix_cache
+        )
+        try:  # a failed start or warm-up stops both engines too
+            pair.start()
+            pair.warm_up()
+        except BaseException:
+            pair.stop()
+            raise
+        self.running, self.kind = pair, kind
+        return pair
+
+    def stop(self) -> None:
+        if self.running is not None:
+            self.running.stop()
+        self.running = self.kind = None
+
+
 # Package scope: the engines stop when this tier ends, so the tests after it do not share the
 # two cores with a pair of spinning engines.
 @pytest.fixture(scope="package")
-def vllm_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmPair]:
-    pair = VllmPair(
-        log_dir=tmp_path_factory.mktemp("vllm-logs"),
-        d_extra={"decoder_kv_blocks_ttl": D_TTL},
-        # Without a prefix cache on P every pull is whole, so P's counters say exactly what
-        # the router attached; D keeps its cache (the realistic side).
-        p_args=["--no-enable-prefix-caching"],
-        # Both publish KV events: every router of this tier keeps an index of them, so the
-        # subscriber meets vLLM's own wire format in every test.
-        kv_events=True,
-    )
-    try:  # a failed start or warm-up stops both engines too
-        pair.start()
-        pair.warm_up()
-        yield pair
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    manager = Engines(tmp_path_factory.mktemp("vllm-logs"))
+    try:
+        yield manager
     finally:
-        pair.stop()
+        manager.stop()
+
+
+@pytest.fixture
+def vllm_pair(engines: Engines) -> VllmPair:
+    return engines.pair("plain")
+
+
+@pytest.fixture
+def cached_pair(engines: Engines) -> VllmPair:
+    return engines.pair("cached")
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    # vLLM closes idle connections after 5 s; a request sent on one at that moment is reset.
+    limits = httpx.Limits(keepalive_expiry=2)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as c:
+        yield c
 
 
 def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:

@@ -48,3 +48,15 @@ def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
 def test_an_unknown_policy_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         load_config(["--decode", "http://d:1"], environ={"CARRYOVER_WHEN_PREFILL_DOWN": "maybe"})
+
+
+def test_affinity_settings_come_from_flags_env_and_file(tmp_path: Path) -> None:
+    path = tmp_path / "carryover.toml"
+    path.write_text(readme_toml())
+    from_file = load_config(["--config", str(path)], environ={})
+    assert (from_file.affinity_slack, from_file.affinity_tokens_per_load) == (4, 256)
+    environ = {"CARRYOVER_AFFINITY_TOKENS_PER_LOAD": "64"}
+    config = load_config(["--config", str(path), "--affinity-slack", "2"], environ=environ)
+    assert (config.affinity_slack, config.affinity_tokens_per_load) == (2, 64)
+    with pytest.raises(ConfigError):
+        load_config(["--decode", "http://d:1", "--affinity-slack", "-1"], environ={})

@@ -1,12 +1,14 @@
-"""Choosing P and D (router/policy.py): most of the prompt held wins within the slack; load
-decides past it, and when nobody holds anything."""
+"""Choosing P and D (router/policy.py): most of the prompt held wins within the slack when it
+saves enough for its extra load; load decides past it, and when nobody holds anything."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 from router.config import InstanceConfig, ModelConfig
-from router.policy import pick_decode, pick_prefill
+from router.policy import Affinity, pick_decode, pick_prefill
 from router.pool import Breaker, Instance
 
 MODEL = ModelConfig(prefill=[InstanceConfig("http://p:1")], decode=[InstanceConfig("http://d:1")])
@@ -22,26 +24,50 @@ def instance(name: str, in_flight: int) -> Instance:
     )
 
 
+def picks(held: dict[str, int], affinity: Affinity) -> list[Callable[[list[Instance]], Any]]:
+    rng = random.Random(0)
+
+    def hold(i: Instance) -> int | None:
+        return held.get(i.name)
+
+    return [
+        lambda c: pick_prefill(c, rng, held=hold, affinity=affinity),
+        lambda c: pick_decode(c, rng, held=hold, affinity=affinity),
+    ]
+
+
 def test_the_holder_of_most_of_the_prompt_wins_within_the_slack() -> None:
     a, b, c = instance("a", 0), instance("b", 3), instance("c", 2)
-    held = {"a": 0, "b": 512, "c": 256}.get
-    rng = random.Random(0)
-    for pick in (
-        lambda: pick_prefill([a, b, c], None, 4, rng, held=lambda i: held(i.name)),
-        lambda: pick_decode([a, b, c], rng, held=lambda i: held(i.name), slack=4),
-    ):
-        assert pick() is b
+    held = {"a": 0, "b": 512, "c": 256}
+    for pick in picks(held, Affinity(slack=4)):
+        assert pick([a, b, c]) is b
     # Past the slack, load overrides: c is within 2 of the least loaded, b is not.
-    assert pick_prefill([a, b, c], None, 2, rng, held=lambda i: held(i.name)) is c
-    assert pick_decode([a, b, c], rng, held=lambda i: held(i.name), slack=2) is c
+    for pick in picks(held, Affinity(slack=2)):
+        assert pick([a, b, c]) is c
+
+
+def test_a_holder_must_save_enough_tokens_for_its_extra_load() -> None:
+    idle, busy = instance("idle", 0), instance("busy", 2)
+    # 2 requests busier at 256 tokens each: holding 512 tokens or less is not worth it.
+    for pick in picks({"busy": 512}, Affinity(slack=4, tokens_per_load=256)):
+        assert pick([idle, busy]) is idle
+    for pick in picks({"busy": 640}, Affinity(slack=4, tokens_per_load=256)):
+        assert pick([idle, busy]) is busy
+    # The idle instance's own holding counts at full value against the busy one's gain.
+    for pick in picks({"idle": 128, "busy": 640}, Affinity(slack=4, tokens_per_load=256)):
+        assert pick([idle, busy]) is idle
+    # The slack stays a ceiling, whatever a holder saves.
+    for pick in picks({"busy": 100_000}, Affinity(slack=1, tokens_per_load=256)):
+        assert pick([idle, busy]) is idle
 
 
 def test_without_holdings_the_last_instance_then_load_decides() -> None:
     a, b = instance("a", 0), instance("b", 1)
     rng = random.Random(0)
-    assert pick_prefill([a, b], "b", 4, rng) is b  # the conversation's last P
-    assert pick_prefill([a, b], "b", 0, rng) is a  # unless busier than the slack allows
-    assert pick_prefill([a, b], None, 4, rng) is a
-    assert pick_decode([a, b], rng, affinity="b", slack=4) is b
+    assert pick_prefill([a, b], rng, last="b", affinity=Affinity(slack=4)) is b
+    # ... unless busier than the slack allows
+    assert pick_prefill([a, b], rng, last="b", affinity=Affinity(slack=0)) is a
+    assert pick_prefill([a, b], rng, affinity=Affinity(slack=4)) is a
+    assert pick_decode([a, b], rng, last="b", affinity=Affinity(slack=4)) is b
     # Nothing known of anyone: the power of two choices picks the less loaded of two.
     assert all(pick_decode([a, b], rng) is a for _ in range(20))

@@ -1,0 +1,149 @@
+"""What the real tier's tests share: prompts, calls to the router and the engines, and how an
+answer is compared with the single-instance reference.
+
+Correctness is judged against a reference (the same prompt on P with no kv_transfer_params) on
+output token ids and on logprobs: a few wrong context tokens can leave greedy ids intact but
+move logprobs by ~0.4 (docs/vllm-protocol.md §7). Where P keeps a prefix cache, the reference
+carries a fresh ``cache_salt``, so nothing earlier can colour it.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import httpx
+
+from bench.real.launch import SERVED_NAME, VllmPair
+from tests.support.metrics import ascrape
+
+BLOCK = 128
+PULLED = "vllm:prompt_tokens_by_source_total{source=external_kv_transfer}"
+HITS = "vllm:prompt_tokens_by_source_total{source=local_cache_hit}"
+COMPUTED = "vllm:prompt_tokens_by_source_total{source=local_compute}"
+WORDS = [
+    "river",
+    "stone",
+    "garden",
+    "season",
+    "winter",
+    "leaf",
+    "root",
+    "water",
+    "light",
+    "shadow",
+    "path",
+    "wall",
+    "gate",
+    "bench",
+    "moss",
+    "fern",
+    "oak",
+    "pine",
+    "willow",
+    "rain",
+    "frost",
+    "soil",
+    "seed",
+    "bloom",
+    "branch",
+    "bird",
+    "nest",
+    "pond",
+    "bridge",
+    "hill",
+]
+
+
+def text(nonce: str, turn: int, words: int = 160) -> str:
+    rng = random.Random(f"{nonce}:{turn}")  # str hash() is salted per process; this is not
+    picked = [rng.choice(WORDS) for _ in range(words)]
+    return f"[{nonce} turn {turn}] " + " ".join(picked)
+
+
+def urls(pair: VllmPair) -> tuple[str, str]:
+    assert pair.prefill is not None and pair.decode is not None
+    return pair.prefill.url, pair.decode.url
+
+
+async def pulled(client: httpx.AsyncClient, p_url: str) -> float:
+    return (await ascrape(client, p_url)).get(PULLED, 0.0)
+
+
+async def tokenize(client: httpx.AsyncClient, url: str, **body: Any) -> list[int]:
+    r = await client.post(url + "/tokenize", json={"model": SERVED_NAME, **body})
+    r.raise_for_status()
+    tokens: list[int] = r.json()["tokens"]
+    return tokens
+
+
+def logprobs_of(body: dict[str, Any], chat: bool) -> list[float]:
+    choice = body["choices"][0]
+    if chat:
+        return [item["logprob"] for item in choice["logprobs"]["content"]]
+    values: list[float] = choice["logprobs"]["token_logprobs"]
+    return values
+
+
+def same_output(got: dict[str, Any], want: dict[str, Any], *, chat: bool) -> bool:
+    if got["choices"][0]["token_ids"] != want["choices"][0]["token_ids"]:
+        return False
+    diffs = [
+        abs(a - b) for a, b in zip(logprobs_of(got, chat), logprobs_of(want, chat), strict=True)
+    ]
+    return max(diffs, default=0.0) < 1e-3
+
+
+async def completion(
+    client: httpx.AsyncClient,
+    url: str,
+    prompt: list[int],
+    *,
+    max_tokens: int = 12,
+    conversation: str | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    body: dict[str, Any] = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": 1,
+        **extra,
+    }
+    if conversation:
+        body["conversation_id"] = conversation
+    return await client.post(url + "/v1/completions", json=body)
+
+
+async def chat(
+    client: httpx.AsyncClient,
+    url: str,
+    messages: list[dict[str, Any]],
+    *,
+    max_tokens: int = 12,
+    conversation: str | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    body: dict[str, Any] = {
+        "model": SERVED_NAME,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": True,
+        "top_logprobs": 1,
+        **extra,
+    }
+    if conversation:
+        body["conversation_id"] = conversation
+    return await client.post(url + "/v1/chat/completions", json=body)
+
+
+def salted() -> dict[str, Any]:
+    """Request fields that keep a reference off every prefix cache."""
+    return {"cache_salt": uuid.uuid4().hex}

@@ -1,0 +1,71 @@
+"""Last in the tier: restarting the pair makes stored records stale and empties the index."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.real.launch import VllmPair
+from tests.real.conftest import router_flags
+from tests.real.helpers import chat, same_output, text, urls
+from tests.support.metrics import ascrape
+from tests.support.redis_server import RedisServer
+from tests.support.router_proc import RouterProcess
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.real
+
+
+async def test_zz_decode_restart_makes_records_stale(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # Last in the module: it restarts the pair (P and D together, as this machine needs) on the
+    # same ports. D comes back with a new engine id; the router sees the restart and bumps D's
+    # epoch, so the stored handle is stale: the next turn is cold without ever sending it (a
+    # sent stale handle would show as a P 500 and the path "cold-error"). The record outlives
+    # the minute-long restart (D_TTL).
+    router = RouterProcess(router_flags(vllm_pair, redis_server), tmp_path)
+    await router.start(timeout=180)
+    try:
+        nonce = uuid.uuid4().hex[:8]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
+        r1 = await chat(client, router.url, messages, conversation=nonce)
+        assert r1.status_code == 200
+        _, d_url = urls(vllm_pair)
+        d_name = d_url.removeprefix("http://")
+        # The index holds what D kept of every turn of this tier (its pins last an hour).
+        blocks = f"carryover_kv_index_blocks{{instance={d_name}}}"
+        held = await eventually(
+            lambda: ascrape(client, router.url),
+            lambda m: m.get(blocks, 0) >= 1,
+            what="the new router's index replayed D's blocks",
+            timeout=120,
+        )
+        await asyncio.to_thread(vllm_pair.restart)
+        await asyncio.to_thread(vllm_pair.warm_up)
+        restarts = f"carryover_instance_restarts_total{{instance={d_name},role=decode}}"
+        resets = f"carryover_kv_index_resets_total{{cause=restart,instance={d_name}}}"
+        await eventually(
+            lambda: ascrape(client, router.url),
+            lambda m: m.get(restarts, 0) >= 1 and m.get(resets, 0) >= 1,
+            what="the router notices D's restart and drops its index entries",
+            timeout=120,
+        )
+        # The new D holds at most the warm-up's blocks, far fewer than the old one's pins.
+        assert (await ascrape(client, router.url)).get(blocks, 0) < held[blocks]
+        messages += [
+            {"role": "assistant", "content": r1.json()["choices"][0]["message"]["content"]},
+            {"role": "user", "content": text(nonce, 1, 30)},
+        ]
+        r2 = await chat(client, router.url, messages, conversation=nonce)
+        assert r2.status_code == 200 and r2.headers["x-carryover-path"] == "cold-expired"
+        p_url, _ = urls(vllm_pair)
+        assert same_output(r2.json(), (await chat(client, p_url, messages)).json(), chat=True)
+        assert "prefill_handle_rejected" not in (await client.get(router.url + "/metrics")).text
+    finally:
+        router.stop()
