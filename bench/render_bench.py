@@ -1,5 +1,7 @@
-"""Render cost per turn: whole-prompt tokenization against span-by-span tokenization with the
-spans of earlier turns cached (router/render/spans.py), in one run on the same conversations.
+"""Render cost per turn: whole-prompt tokenization, span-by-span tokenization with the spans of
+earlier turns cached (router/render/spans.py), and the same with each answer's span tokenized
+after its turn, as the router does once a turn is committed (``ChatTemplate.warm``): what is
+left on the next turn's path. One run, the same conversations for all three.
 
     python -m bench.render_bench [--conversations 30] [--turns 10] [--user-tokens 800]
 """
@@ -14,7 +16,6 @@ from typing import Any
 
 from bench.workload import Distribution, WorkloadSpec, filler, generate
 from router.render.chat_template import ChatTemplate
-from router.render.spans import SpanEncoder
 
 
 def main() -> None:
@@ -24,11 +25,12 @@ def main() -> None:
     parser.add_argument("--user-tokens", type=int, default=800)
     parser.add_argument("--answer-tokens", type=int, default=200)
     args = parser.parse_args()
-    template = ChatTemplate.qwen3()
-    whole: dict[int, list[float]] = {t: [] for t in range(1, args.turns + 1)}
-    spans: dict[int, list[float]] = {t: [] for t in range(1, args.turns + 1)}
+    # One template (and so one span cache) per arm: the arms do not warm each other.
+    whole_t, spans_t, warmed_t = (ChatTemplate.qwen3() for _ in range(3))
+    times: dict[str, dict[int, list[float]]] = {
+        arm: {t: [] for t in range(1, args.turns + 1)} for arm in ("whole", "spans", "warmed")
+    }
     lengths: dict[int, list[int]] = {t: [] for t in range(1, args.turns + 1)}
-    encoder = SpanEncoder(template.tokenizer)
     spec = WorkloadSpec(
         conversations=args.conversations,
         turns=args.turns,
@@ -40,23 +42,25 @@ def main() -> None:
         for turn, user in enumerate(conversation.users, start=1):
             history.append({"role": "user", "content": user})
             started = time.perf_counter()
-            text = template.render_text(history)
-            ids = template.tokenizer.encode(text, add_special_tokens=False).ids
-            whole[turn].append(time.perf_counter() - started)
-            started = time.perf_counter()
-            text = template.render_text(history)
-            incremental = encoder.encode(text)
-            spans[turn].append(time.perf_counter() - started)
-            assert incremental == ids
+            text = whole_t.render_text(history)
+            ids = whole_t.tokenizer.encode(text, add_special_tokens=False).ids
+            times["whole"][turn].append(time.perf_counter() - started)
+            for arm, template in (("spans", spans_t), ("warmed", warmed_t)):
+                started = time.perf_counter()
+                incremental = template.encode(template.render_text(history))
+                times[arm][turn].append(time.perf_counter() - started)
+                assert incremental == ids
             lengths[turn].append(len(ids))
-            history.append({"role": "assistant", "content": filler(rng, args.answer_tokens)})
-    print("| turn | prompt tokens (median) | whole p50 | spans p50 | spans / whole |")
+            answer = filler(rng, args.answer_tokens)
+            warmed_t.warm(answer)  # after the turn, off the next one's path
+            history.append({"role": "assistant", "content": answer})
+    print("| turn | prompt tokens (median) | whole p50 | spans p50 | spans, answer warmed p50 |")
     print("|---|---|---|---|---|")
     for turn in range(1, args.turns + 1):
-        w, s = statistics.median(whole[turn]), statistics.median(spans[turn])
+        w, s, a = (statistics.median(times[arm][turn]) for arm in ("whole", "spans", "warmed"))
         print(
             f"| {turn} | {statistics.median(lengths[turn]):.0f} | {w * 1e3:.2f} ms "
-            f"| {s * 1e3:.2f} ms | {s / w:.2f} |"
+            f"| {s * 1e3:.2f} ms | {a * 1e3:.2f} ms |"
         )
 
 

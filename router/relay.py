@@ -26,6 +26,11 @@ class DecodeOutput:
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.saw_content = False
+        self._content: list[str] = []  # choice 0's message content (chat), as the client got it
+
+    @property
+    def content(self) -> str:
+        return "".join(self._content)
 
     def _take(self, obj: dict[str, Any]) -> None:
         if "kv_transfer_params" in obj:
@@ -43,6 +48,9 @@ class DecodeOutput:
         for choice in choices:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
+            message = choice.get("message") or choice.get("delta")
+            if isinstance(message, dict) and isinstance(message.get("content"), str):
+                self._content.append(message["content"])
             ids = choice.get("token_ids")
             if isinstance(ids, list):
                 self.output_ids.extend(ids)

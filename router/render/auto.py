@@ -126,6 +126,11 @@ class AutoRenderer:
             return await self._local.text(prompt, model, engine_url)
         return await self._engine.text(prompt, model, engine_url)
 
+    async def warm(self, body: dict[str, Any], answer: str) -> None:
+        local = self._local_for(body)
+        if local is not None:
+            await local.warm(body, answer)
+
     def recheck(self) -> None:
         """A prefill instance restarted: render through the engine until compared again."""
         if self.state is not RenderCheck.NO_LOCAL:

@@ -66,6 +66,12 @@ class Renderer(Protocol):
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]: ...
 
+    async def warm(self, body: dict[str, Any], answer: str) -> None:
+        """Prepare for the next turn of the chat request ``body``, whose answer was ``answer``
+        (a renderer in this process tokenizes the answer's span now, off the next turn's
+        path; the others do nothing)."""
+        ...
+
 
 class EngineTokenize:
     renders = TOKENIZE_FIELDS
@@ -99,6 +105,9 @@ class EngineTokenize:
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
         return await self._post(engine_url, {"model": model, "prompt": prompt})
+
+    async def warm(self, body: dict[str, Any], answer: str) -> None:
+        return None
 
 
 class RenderServer(EngineTokenize):
@@ -141,6 +150,10 @@ class LocalRenderer:
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
         return await asyncio.to_thread(self._template.encode, prompt)
+
+    async def warm(self, body: dict[str, Any], answer: str) -> None:
+        kwargs = body.get("chat_template_kwargs") or {}
+        await asyncio.to_thread(self._template.warm, answer, kwargs)
 
 
 def local_folder(config: RenderConfig) -> Path:

@@ -121,6 +121,27 @@ class ChatTemplate:
         )
         return self.encode(text)
 
+    def warm(self, answer: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+        """Tokenize, ahead of the next turn, the span an assistant message with ``answer`` as
+        its content renders to, so that turn only tokenizes its new message.
+
+        The answer is rendered between two empty user messages: as in the next turn's
+        history, it is an assistant message before the last user query (Qwen3's template,
+        for one, renders such a message without its reasoning). A template that refuses this
+        shape costs the warm-up, nothing else."""
+        messages = [
+            {"role": "user", "content": ""},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": ""},
+        ]
+        try:
+            text = self.render_text(
+                messages, add_generation_prompt=False, chat_template_kwargs=chat_template_kwargs
+            )
+        except RenderInputError:
+            return
+        self.spans.encode(text)
+
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``; spans between added tokens seen before are not tokenized again."""
         return self.spans.encode(text)

@@ -78,11 +78,8 @@ class SpanEncoder:
     def _encode_new(self, spans: list[str]) -> dict[str, list[int]]:
         # A turn usually brings two new spans (the last answer and the new message): one batch
         # call lets the tokenizer encode them side by side.
-        if len(spans) == 1:
-            encoded = [self._encode_whole(spans[0])]
-        else:
-            batch = self._tokenizer.encode_batch(spans, add_special_tokens=False)
-            encoded = [list(e.ids) for e in batch]
+        batch = self._tokenizer.encode_batch_fast(spans, add_special_tokens=False)
+        encoded = [list(e.ids) for e in batch]
         with self._lock:
             self.misses += len(spans)
             for span, ids in zip(spans, encoded, strict=True):

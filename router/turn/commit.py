@@ -93,6 +93,8 @@ async def commit(
         svc.release_later(req, handle, ReleaseCause.CONVERSATION_ENDED)
     elif not committed.written:
         svc.release_later(req, handle, ReleaseCause.SUPERSEDED)
+    elif req.chat and output.content:
+        svc.warm_later(req, output.content)  # the next turn will send this answer back
     release_replaced(svc, req, committed.replaced)
 
 

@@ -75,6 +75,22 @@ class TurnServices:
         finally:
             self.metrics.legs.labels(name).observe(time.perf_counter() - started)
 
+    def warm_later(self, req: TurnRequest, answer: str) -> None:
+        """Let the renderer tokenize the answer's span now, so the next turn's render (on its
+        time to first token) tokenizes only the new message (docs/rendering.md)."""
+
+        async def warm() -> bool:
+            try:
+                await self.renderer(req.model).warm(req.body, answer)
+            except Exception:  # a warm-up that fails costs the next turn's speed only
+                log.debug("render warm-up failed", exc_info=True)
+                return False
+            return True
+
+        task = asyncio.create_task(warm())
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
     def release_later(self, req: TurnRequest, handle: dict[str, Any], cause: ReleaseCause) -> None:
         """Free D's pinned blocks now, without holding up the turn (docs/handles.md says
         which handles may be released)."""

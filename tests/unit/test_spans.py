@@ -105,3 +105,22 @@ def test_the_cache_is_bounded_in_characters() -> None:
     for i in range(50):
         encoder.encode(f"<|im_start|>user\nmessage number {i} with some words<|im_end|>")
     assert encoder._chars <= 100
+
+
+def test_a_warmed_answer_leaves_the_next_turn_only_its_new_message_to_tokenize() -> None:
+    template = ChatTemplate.qwen3()  # its own span cache
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a river in Spain, please."},
+    ]
+    template.encode(template.render_text(history))
+    answer = "<think>\nA long one.\n</think>\n\nThe Ebro, which runs into the Mediterranean."
+    template.warm(answer)
+    history += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And one in Portugal?"},
+    ]
+    text = template.render_text(history)
+    before = template.spans.misses
+    assert template.encode(text) == whole(text)
+    assert template.spans.misses - before == 1  # the new user message alone

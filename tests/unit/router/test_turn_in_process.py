@@ -3,6 +3,7 @@ in-process store and a clock the test drives. Fast, and exact about what each en
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from litestar.testing import AsyncTestClient
 
 from router.app import create_app
 from router.cli import load_config
+from tests.support.waiting import eventually
 from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet
 
 
@@ -153,3 +155,29 @@ async def test_the_conversation_header_is_configurable() -> None:
             assert r.status_code == 200, r.text
             paths.append(r.headers.get("x-carryover-path"))
         assert paths == ["cold-miss", "reuse", "cold-miss"]  # the 3rd would reuse as bench-7
+
+
+async def test_a_committed_answer_is_tokenized_before_the_next_turn_needs_it() -> None:
+    # In-process rendering (unchecked here: the fakes tokenize otherwise): once turn 1 is
+    # stored, its answer's span is tokenized off the path, and turn 2 tokenizes only its new
+    # user message.
+    p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
+    config = load_config(
+        ["--prefill", p.url, "--decode", d.url, "--health-interval", "60", "--render-local"],
+        environ={},
+    )
+    app = create_app(config, transport=FakeFleet(p, d), seed=0)
+    async with AsyncTestClient(app=app) as client:
+        runner = app.state.services.runner
+        spans = runner._svc.renderer(config.models[0])._template.spans
+        body = {"messages": history(1), "conversation_id": "w1"}
+        assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+        # The warm-up runs after the answer went out: wait for it (the app has its own loop).
+        await eventually(
+            lambda: asyncio.to_thread(lambda: f"assistant\n{ANSWER}" in spans._spans),
+            what="the answer's span tokenized",
+        )
+        misses = spans.misses
+        body = {"messages": history(2), "conversation_id": "w1"}
+        assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+        assert spans.misses - misses == 1
