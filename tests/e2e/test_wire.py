@@ -1,0 +1,132 @@
+"""The production wire (aiohttp) against real sockets on loopback that misbehave on purpose:
+every failure maps to the error the turn logic retries, or does not retry, by
+(router/wire.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from router.config import Timeouts
+from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
+from router.upstream import Upstream, iter_sse
+from tests.support.ports import free_port
+
+
+async def _request_head(reader: asyncio.StreamReader) -> int:
+    """Read a request's head and body; its Content-Length."""
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+    return length
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    serve: Callable[[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Event], Awaitable[None]],
+) -> AsyncIterator[str]:
+    port = free_port()
+    done = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await serve(reader, writer, done)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        done.set()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    client = Upstream(Timeouts(connect=1.0, request=5.0))
+    yield client
+    await client.aclose()
+
+
+async def test_a_refused_connection_is_unavailable(upstream: Upstream) -> None:
+    with pytest.raises(EngineUnavailable):
+        await upstream.post_json(f"http://127.0.0.1:{free_port()}/v1/x", {}, timeout=2)
+
+
+async def test_an_engine_that_never_answers_timed_out_and_was_sent_the_request(
+    upstream: Upstream,
+) -> None:
+    got = asyncio.Event()
+
+    async def silent(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        await _request_head(reader)
+        got.set()
+        await done.wait()  # holds the connection open, answers nothing
+
+    async with serving(silent) as url:
+        with pytest.raises(EngineTimeout):
+            await upstream.post_json(url + "/v1/x", {"a": 1}, timeout=0.3)
+        assert got.is_set()
+
+
+async def test_a_body_cut_short_broke_off_and_an_error_status_keeps_its_message(
+    upstream: Upstream,
+) -> None:
+    async def cut(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        await _request_head(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"a":')
+        await writer.drain()
+        writer.close()
+
+    async with serving(cut) as url:
+        with pytest.raises(EngineFailed) as failed:
+            await upstream.post_json(url + "/v1/x", {}, timeout=2)
+        assert failed.value.upstream_status is None
+
+    async def refuses(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        await _request_head(reader)
+        body = b'{"error": {"message": "expired handle", "code": 500}}'
+        writer.write(
+            b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        writer.write(body)
+        await writer.drain()
+
+    async with serving(refuses) as url:
+        with pytest.raises(EngineFailed) as failed:
+            await upstream.post_json(url + "/v1/x", {}, timeout=2)
+        assert (failed.value.upstream_status, failed.value.message) == (500, "expired handle")
+
+
+async def test_a_stream_yields_its_events_and_a_stall_is_a_timeout(upstream: Upstream) -> None:
+    async def sse(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        writer.write(b'data: {"n": 1}\r\n\r\n: a comment\n\ndata: {"n": 2}\n\n')
+        await writer.drain()
+        await done.wait()  # then nothing more
+
+    async with serving(sse) as url:
+        events = []
+        async with upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
+            with pytest.raises(EngineTimeout):
+                async for data in iter_sse(response, idle_timeout=0.3):
+                    events.append(data)
+        assert events == ['{"n": 1}', '{"n": 2}']
