@@ -15,6 +15,7 @@ and, in full, against the simulator, whose clock tests drive.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -146,11 +147,30 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
     ]
 
 
+@contextlib.asynccontextmanager
+async def routed(
+    pair: VllmPair, redis: RedisServer, log_dir: Path, *extra: str
+) -> AsyncIterator[RouterProcess]:
+    """A router in front of ``pair``, stopped at the end (also when the test fails)."""
+    router = RouterProcess(router_flags(pair, redis, *extra), log_dir)
+    try:
+        await router.start(timeout=180)
+        yield router
+    finally:
+        router.stop()
+
+
 @pytest.fixture
 async def real_router(
     vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
 ) -> AsyncIterator[RouterProcess]:
-    router = RouterProcess(router_flags(vllm_pair, redis_server), tmp_path)
-    await router.start(timeout=180)
-    yield router
-    router.stop()
+    async with routed(vllm_pair, redis_server, tmp_path) as router:
+        yield router
+
+
+@pytest.fixture
+async def cached_router(
+    cached_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+) -> AsyncIterator[RouterProcess]:
+    async with routed(cached_pair, redis_server, tmp_path) as router:
+        yield router

@@ -9,14 +9,13 @@ history there, and ``/reset_prefix_cache`` (dev mode) clears it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from bench.real.launch import VllmPair
-from tests.real.conftest import router_flags
+from tests.real.conftest import routed
 from tests.real.helpers import (
     BLOCK,
     COMPUTED,
@@ -38,16 +37,6 @@ pytestmark = pytest.mark.real
 
 SAID = "carryover_kv_cached_tokens_total{{leg={leg}}}"
 BLOCKS = "carryover_kv_index_blocks{{instance={name}}}"
-
-
-@pytest.fixture
-async def cached_router(
-    cached_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
-) -> AsyncIterator[RouterProcess]:
-    router = RouterProcess(router_flags(cached_pair, redis_server), tmp_path)
-    await router.start(timeout=180)
-    yield router
-    router.stop()
 
 
 def name(url: str) -> str:
@@ -215,10 +204,8 @@ async def test_a_decode_local_turn_is_served_from_ds_own_cache(
     counter rises by the history's blocks, P runs nothing of it, the answer is the
     reference's, and the unneeded handle is released."""
     p_url, d_url = urls(cached_pair)
-    flags = router_flags(cached_pair, redis_server, "--decode-local-max-tokens", "512")
-    router = RouterProcess(flags, tmp_path)
-    await router.start(timeout=180)
-    try:
+    flags = ("--decode-local-max-tokens", "512")
+    async with routed(cached_pair, redis_server, tmp_path, *flags) as router:
         nonce = uuid.uuid4().hex[:8]
         prompt, output = await first_turn(client, router, cached_pair, nonce)
         second = await next_prompt(client, p_url, prompt, output, nonce)
@@ -244,5 +231,3 @@ async def test_a_decode_local_turn_is_served_from_ds_own_cache(
         assert p_after[PULLED] == p_before[PULLED]
         want = (await completion(client, p_url, second, **salted())).json()
         assert same_output(r.json(), want, chat=False)
-    finally:
-        router.stop()

@@ -11,11 +11,10 @@ import httpx
 import pytest
 
 from bench.real.launch import VllmPair
-from tests.real.conftest import router_flags
+from tests.real.conftest import routed
 from tests.real.helpers import chat, same_output, text, urls
 from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
-from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.real
@@ -29,9 +28,7 @@ async def test_zz_decode_restart_makes_records_stale(
     # epoch, so the stored handle is stale: the next turn is cold without ever sending it (a
     # sent stale handle would show as a P 500 and the path "cold-error"). The record outlives
     # the minute-long restart (D_TTL).
-    router = RouterProcess(router_flags(vllm_pair, redis_server), tmp_path)
-    await router.start(timeout=180)
-    try:
+    async with routed(vllm_pair, redis_server, tmp_path) as router:
         nonce = uuid.uuid4().hex[:8]
         messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
         r1 = await chat(client, router.url, messages, conversation=nonce)
@@ -67,5 +64,3 @@ async def test_zz_decode_restart_makes_records_stale(
         p_url, _ = urls(vllm_pair)
         assert same_output(r2.json(), (await chat(client, p_url, messages)).json(), chat=True)
         assert "prefill_handle_rejected" not in (await client.get(router.url + "/metrics")).text
-    finally:
-        router.stop()
