@@ -17,11 +17,17 @@ from typing import Protocol
 
 import aiohttp
 import httpx
+from aiohttp.http_exceptions import LineTooLong
 
 from router.config import Timeouts
 from router.errors import EngineFailed, EngineTimeout, EngineUnavailable, UpstreamError
 
 __all__ = ["AiohttpWire", "HttpxWire", "Wire", "WireResponse"]
+
+#: The longest SSE line read from an engine. aiohttp's ``readline`` stops at twice its read
+#: buffer (512 KiB in aiohttp 3.14), and a D stream's first chunk carries the whole prompt's
+#: ids (about 7 bytes a token: 512 KiB is a 75k-token prompt).
+_MAX_LINE = 64 * 1024 * 1024
 
 
 class WireResponse(Protocol):
@@ -85,9 +91,11 @@ class _AiohttpResponse:
         content = self._response.content
         while True:
             try:
-                line = await content.readline()
+                line = await content.readuntil(b"\n", max_size=_MAX_LINE)
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise _aiohttp_error(exc, self._what) from exc
+            except LineTooLong as exc:
+                raise EngineFailed(f"{self._what} sent a line over {_MAX_LINE} bytes") from exc
             if not line:
                 return
             yield line.rstrip(b"\r\n").decode()

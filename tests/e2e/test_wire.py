@@ -130,3 +130,21 @@ async def test_a_stream_yields_its_events_and_a_stall_is_a_timeout(upstream: Ups
                 async for data in iter_sse(response, idle_timeout=0.3):
                     events.append(data)
         assert events == ['{"n": 1}', '{"n": 2}']
+
+
+async def test_a_stream_line_longer_than_aiohttps_buffer_arrives_whole(upstream: Upstream) -> None:
+    # A D stream's first chunk carries every prompt id: 4 MB, a 600k-token prompt, is past
+    # aiohttp's own line limit.
+    big = b'{"prompt_token_ids": [' + b",".join(b"151643" for _ in range(600_000)) + b"]}"
+
+    async def sse(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        writer.write(b"data: " + big + b"\n\ndata: [DONE]\n\n")
+        await writer.drain()
+
+    async with serving(sse) as url, upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
+        events = [data async for data in iter_sse(response, idle_timeout=2)]
+    assert events == [big.decode(), "[DONE]"]
