@@ -55,9 +55,23 @@ def _multiturn(args: argparse.Namespace) -> None:
 
 
 def _overhead(args: argparse.Namespace) -> None:
-    from bench.overhead import run_overhead
+    from bench.overhead import parse_peer, run_overhead
 
-    run_overhead(args.out)
+    run_overhead(
+        args.out,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        modes=args.modes,
+        peers=[parse_peer(text) for text in args.peer],
+        redis=not args.no_redis,
+        workers=args.workers,
+        prefill_port=args.prefill_port,
+        decode_port=args.decode_port,
+    )
+
+
+def _ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",")]
 
 
 def _sim_throughput(args: argparse.Namespace) -> None:
@@ -119,6 +133,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--out", type=Path, default=Path("results/multiturn"))
     m.set_defaults(func=_multiturn)
     o = sub.add_parser("overhead", help="router cost per turn against direct engine calls")
+    o.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=URL|NAME=COMMAND",
+        help="another router in the same run: a URL already in front of --prefill-port and "
+        "--decode-port, or a command started here ({port}, {prefill}, {decode} filled in)",
+    )
+    o.add_argument(
+        "--modes", type=lambda t: t.split(","), default=["completions", "stream", "chat"]
+    )
+    o.add_argument("--concurrency", type=_ints, default=[1, 64])
+    o.add_argument("--requests", type=_ints, default=[1000, 6000], help="turns per concurrency")
+    o.add_argument("--workers", type=_ints, default=[1], help="Redis arms: granian workers")
+    o.add_argument("--no-redis", action="store_true", help="in-process state only")
+    o.add_argument("--prefill-port", type=int, help="fixed port of the simulated P")
+    o.add_argument("--decode-port", type=int, help="fixed port of the simulated D")
     o.add_argument("--out", type=Path, default=Path("results/overhead"))
     o.set_defaults(func=_overhead)
     s = sub.add_parser("sim", help="requests/s one simulated instance serves with delays off")

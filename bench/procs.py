@@ -91,8 +91,10 @@ class Topology:
         extra: Sequence[str] = (),
         extra_config: dict[str, Any] | None = None,
         kv_events: bool = False,
+        port: int | None = None,
     ) -> Process:
-        args = ["sim", model, "--port", str(free_port()), "--sim-speed", str(speed), *extra]
+        port = port or free_port()
+        args = ["sim", model, "--port", str(port), "--sim-speed", str(speed), *extra]
         events: tuple[str, str] | None = None
         if kv_events:
             events = (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")

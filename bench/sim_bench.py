@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.overhead import _bodies, _load
+from bench.loadgen import closed_loop
+from bench.overhead import jobs_for
 from bench.procs import topology
 from bench.report import percentile
 
@@ -16,11 +17,11 @@ def run_sim_bench(out: Path, *, requests: int, concurrency: int) -> dict[str, An
     with topology() as topo:
         engine = topo.sim("engine", None, speed=0)
         topo.wait()
-        url = engine.url + "/v1/completions"
-        asyncio.run(_load(url, _bodies(200, conversation=False), concurrency))
-        latencies, wall = asyncio.run(
-            _load(url, _bodies(requests, conversation=False), concurrency)
-        )
+        warm = jobs_for("completions", 200, conversation=False)
+        asyncio.run(closed_loop(engine.url, warm, concurrency))
+        jobs = jobs_for("completions", requests, conversation=False)
+        samples, wall = asyncio.run(closed_loop(engine.url, jobs, concurrency))
+        latencies = [s.latency for s in samples]
     result = {
         "requests": requests,
         "concurrency": concurrency,

@@ -22,17 +22,8 @@ import httpx
 import redis
 
 from bench.local_redis import local_redis
-from bench.overhead import _tree
 from bench.procs import topology
-
-
-def _rss_mb(pid: int) -> float:
-    total = 0
-    for p in _tree(pid):
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
-    return total / 1024
+from bench.proctree import rss_mb
 
 
 def _gauge(text: str, name: str) -> float:
@@ -171,7 +162,7 @@ def main() -> None:
                 samples.append(
                     {
                         "t": time.monotonic() - started,
-                        "router_rss_mb": sum(_rss_mb(r.popen.pid) for r in routers),
+                        "router_rss_mb": sum(rss_mb(r.popen.pid) for r in routers),
                         "store_keys": float(store.dbsize()),
                         "pinned_handles": sum(_gauge(t, "sim:pinned_handles") for t in texts),
                         "expired_unused": sum(_gauge(t, "sim:expired_pins_total") for t in texts),

@@ -22,6 +22,7 @@ from router.held import report_held_forever
 from router.inference import chat_completions, completions, models
 from router.kv.metrics import KvMetrics
 from router.kv.service import KvEvents
+from router.memory import trim_heap
 from router.metrics import RouterMetrics
 from router.operations import (
     drain_instance,
@@ -132,6 +133,7 @@ def create_app(
         held = asyncio.create_task(
             report_held_forever(backend, decode_names, metrics_, config.held_interval)
         )
+        trim_heap()  # what startup parsed and dropped (the tokenizer's files)
         try:
             yield
         finally:

@@ -9,10 +9,10 @@ import msgspec
 from litestar import Litestar
 
 from router.app import create_app
-from router.config import RouterConfig
+from router.config import CONFIG_ENV, RouterConfig
 from router.logs import configure_logging
 
-CONFIG_ENV = "CARRYOVER_SERVE_CONFIG"
+__all__ = ["CONFIG_ENV", "build"]
 
 
 def build() -> Litestar:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from router.config import ConfigError, RouterConfig
+from router.config import CONFIG_ENV, ConfigError, RouterConfig
 
 __all__ = ["load_config", "main"]
 
@@ -256,8 +256,6 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
 def _serve(argv: Sequence[str]) -> None:
     from granian import Granian
     from granian.constants import Interfaces, Loops
-
-    from router.asgi import CONFIG_ENV
 
     config = load_config(argv)
     os.environ[CONFIG_ENV] = msgspec.json.encode(config).decode()

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 __all__ = [
+    "CONFIG_ENV",
     "ConfigError",
     "InstanceConfig",
     "ModelConfig",
@@ -18,6 +19,10 @@ __all__ = [
     "RouterConfig",
     "Timeouts",
 ]
+
+#: The environment variable ``carryover serve`` passes the config to its granian workers in
+#: (``router/asgi.py``), so the serving process itself never imports the app.
+CONFIG_ENV = "CARRYOVER_SERVE_CONFIG"
 
 #: vLLM declines a D->P read within this many seconds of D's deadline (pull_worker.py:31-33).
 VLLM_EXPIRY_MARGIN = 5.0

@@ -1,11 +1,11 @@
 """Calls to engines: JSON in, JSON (or an SSE stream) out, with deadlines, over a wire
 (``router/wire.py``).
 
-The production wire is aiohttp, called directly: the earlier httpx client on an aiohttp
-transport cost about twice the CPU per call (httpx request and response objects, header
-normalization, its URL parser), and the router makes two engine calls a turn
-(``bench/RESULTS.md``, router overhead). httpx stays where it serves: the wire the in-process
-tests' fake engines plug into, the tests, and the benchmark's clients.
+The production wire is the router's own HTTP/1.1 client (``router/h1.py``): httpx on an
+aiohttp transport, then aiohttp alone, each cost more CPU per engine call than the rest of a
+turn, and a turn makes two (``bench/RESULTS.md``, router overhead). httpx stays where it
+serves: the wire the in-process tests' fake engines plug into, the tests, and the benchmark's
+clients.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import msgspec
 
 from router.config import Timeouts
 from router.errors import EngineFailed, EngineTimeout
-from router.wire import AiohttpWire, HttpxWire, Wire, WireResponse
+from router.h1 import H1Wire
+from router.wire import HttpxWire, Wire, WireResponse
 
 __all__ = ["Fetched", "Upstream", "iter_sse"]
 
@@ -68,7 +69,9 @@ class Upstream:
     ) -> None:
         self.timeouts = timeouts
         self._wire: Wire = (
-            HttpxWire(transport, timeouts) if transport is not None else AiohttpWire(timeouts)
+            HttpxWire(transport, timeouts)
+            if transport is not None
+            else H1Wire(connect_timeout=timeouts.connect, keepalive=timeouts.keepalive)
         )
 
     async def aclose(self) -> None:
@@ -118,15 +121,26 @@ class Upstream:
         timeout: float,
         headers: Mapping[str, str] | None = None,
     ) -> Any:
-        """POST JSON, return the decoded JSON body of a 2xx answer."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        response = await self._send(
-            "POST", url, _encoder.encode(body), self._headers(headers), timeout
-        )
-        remaining = max(0.001, deadline - loop.time())
-        await self._check(response, url, remaining)
-        content = await self._read(response, url, remaining)
+        """POST JSON, return the decoded JSON body of a 2xx answer; ``timeout`` bounds the
+        whole exchange (one timer: this runs twice a turn)."""
+        response: WireResponse | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._wire.send(
+                    "POST", url, _encoder.encode(body), self._headers(headers), url
+                )
+                content = await response.read()
+        except TimeoutError as exc:
+            said = "answer" if response is None else "finish"
+            raise EngineTimeout(f"{url} did not {said} within {timeout:g} s") from exc
+        finally:
+            if response is not None:
+                await response.close()
+        if response.status >= 300:
+            failed = _failed_body(content)
+            raise EngineFailed(
+                _message_of(failed, response.status), status=response.status, body=failed
+            )
         try:
             return _decoder.decode(content)
         except msgspec.DecodeError as exc:

@@ -1,6 +1,7 @@
-"""The production wire (aiohttp) against real sockets on loopback that misbehave on purpose:
-every failure maps to the error the turn logic retries, or does not retry, by
-(router/wire.py)."""
+"""The production wire (router/h1.py) against real sockets on loopback that misbehave on
+purpose: every failure maps to the error the turn logic retries, or does not retry, by
+(router/wire.py), and a connection goes back to the pool only after a whole, keep-alive
+exchange."""
 
 from __future__ import annotations
 
@@ -132,9 +133,9 @@ async def test_a_stream_yields_its_events_and_a_stall_is_a_timeout(upstream: Ups
         assert events == ['{"n": 1}', '{"n": 2}']
 
 
-async def test_a_stream_line_longer_than_aiohttps_buffer_arrives_whole(upstream: Upstream) -> None:
-    # A D stream's first chunk carries every prompt id: 4 MB, a 600k-token prompt, is past
-    # aiohttp's own line limit.
+async def test_a_stream_line_of_megabytes_arrives_whole(upstream: Upstream) -> None:
+    # A D stream's first chunk carries every prompt id: 4 MB is a 600k-token prompt (past
+    # aiohttp's own line limit, which the previous wire had).
     big = b'{"prompt_token_ids": [' + b",".join(b"151643" for _ in range(600_000)) + b"]}"
 
     async def sse(
@@ -148,3 +149,102 @@ async def test_a_stream_line_longer_than_aiohttps_buffer_arrives_whole(upstream:
     async with serving(sse) as url, upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
         events = [data async for data in iter_sse(response, idle_timeout=2)]
     assert events == [big.decode(), "[DONE]"]
+
+
+def _answer(body: bytes, *extra: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % len(body)
+    return head + b"".join(extra) + b"\r\n" + body
+
+
+async def test_a_connection_is_reused_after_a_whole_exchange_and_only_then() -> None:
+    connections: list[int] = []
+
+    async def keeps(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        connections.append(len(connections))
+        exchange = 0
+        while not reader.at_eof():
+            try:
+                await _request_head(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            exchange += 1
+            if exchange == 1:
+                writer.write(_answer(b'{"n": 1}'))
+            elif exchange == 2:  # chunked, in three pieces
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for piece in (b'{"n"', b": ", b"2}"):
+                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                writer.write(b"0\r\n\r\n")
+            else:  # says it closes: the next request needs a new connection
+                writer.write(_answer(b'{"n": 3}', b"Connection: close\r\n"))
+                await writer.drain()
+                return
+            await writer.drain()
+
+    upstream = Upstream(Timeouts(connect=1.0, request=5.0))
+    try:
+        async with serving(keeps) as url:
+            answers = [await upstream.post_json(url + "/v1/x", {}, timeout=2) for _ in range(4)]
+    finally:
+        await upstream.aclose()
+    assert answers == [{"n": 1}, {"n": 2}, {"n": 3}, {"n": 1}]
+    assert connections == [0, 1]
+
+
+async def test_a_malformed_answer_broke_off_and_a_cancelled_read_is_not_pooled() -> None:
+    connections: list[int] = []
+
+    async def garbles(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        connections.append(len(connections))
+        await _request_head(reader)
+        if len(connections) == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n{}")
+        elif len(connections) == 2:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{")  # stalls
+        else:
+            writer.write(_answer(b"{}"))
+        await writer.drain()
+        await done.wait()
+
+    upstream = Upstream(Timeouts(connect=1.0, request=5.0))
+    try:
+        async with serving(garbles) as url:
+            with pytest.raises(EngineFailed, match="malformed"):
+                await upstream.post_json(url + "/v1/x", {}, timeout=2)
+            with pytest.raises(EngineTimeout, match="did not finish"):
+                await upstream.post_json(url + "/v1/x", {}, timeout=0.3)
+            assert await upstream.post_json(url + "/v1/x", {}, timeout=2) == {}
+    finally:
+        await upstream.aclose()
+    assert connections == [0, 1, 2]  # neither broken exchange left its connection in the pool
+
+
+async def test_a_stream_past_the_read_pause_arrives_in_order(upstream: Upstream) -> None:
+    # 12 MB of events read slowly: the wire stops reading the socket above its buffer bound
+    # and resumes as the lines are taken.
+    lines = [b"data: " + b"%06d" % n + b"x" * 4000 for n in range(3000)]
+
+    async def sse(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        await _request_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for line in lines:
+            piece = line + b"\n\n"
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await done.wait()
+
+    async with serving(sse) as url, upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
+        got = []
+        async for data in iter_sse(response, idle_timeout=5):
+            got.append(data[:6])
+            if len(got) % 500 == 0:
+                await asyncio.sleep(0.01)  # a slow reader, so the socket's buffer fills
+    assert got == [b"%06d".decode() % n for n in range(3000)]

@@ -164,7 +164,12 @@ async def test_all_prefills_down(tmp_path: Path, policy: str) -> None:
     # "decode-alone": D serves alone, nothing fails. "fail": 503 at once instead, well inside
     # the P leg's deadline, which is long here on purpose.
     flags = ("--when-prefill-down", policy, "--prefill-timeout", "20")
-    async with harness(tmp_path, router_flags=flags) as h:
+    # Every turn D serves alone pins a handle that no P can release until P is back (left to
+    # expire), so the outage's pins must fit in D however many turns the router serves in it
+    # (a faster router fits more: the default 4,096 blocks filled up once engine calls got
+    # cheaper).
+    d_sim = {"num_blocks": 65_536}
+    async with harness(tmp_path, router_flags=flags, d_sim=d_sim) as h:
 
         async def down() -> None:
             for p in h.prefill:

@@ -57,3 +57,24 @@ def test_the_router_runs_without_the_bench_extra() -> None:
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)
+
+
+def test_the_serving_process_leaves_the_app_to_its_workers() -> None:
+    # `carryover serve` only supervises granian's workers: importing the app there would keep
+    # a second copy of the router's modules resident for nothing.
+    probe = """
+import sys, granian
+class Server:
+    def __init__(self, *args, **kwargs): pass
+    def serve(self):
+        loaded = {"router.app", "litestar", "tokenizers", "redis"} & set(sys.modules)
+        assert not loaded, loaded
+        print("served")
+granian.Granian = Server
+from router.cli import main
+main(["serve", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10"])
+"""
+    ran = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert ran.stdout.strip() == "served"

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
 import httpx
 
 MODEL = "fake-model"
@@ -45,8 +44,8 @@ class FakeEngine:
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)  # statuses for the next requests
     hang: asyncio.Event | None = None  # generation waits until it is set
-    # The next N generation requests never connect: aiohttp's connect deadline fires (the
-    # request is not sent), as the aiohttp transport reports it.
+    # The next N generation requests never connect: the connect deadline fires (the request
+    # is not sent).
     connect_timeouts: int = 0
     holds: dict[str, Handle] = field(default_factory=dict)  # D: pinned handles
     reads: list[str] = field(default_factory=list)  # P: handles it pulled
@@ -90,10 +89,7 @@ class FakeFleet(httpx.AsyncBaseTransport):
             return self._get(path)
         if engine.connect_timeouts and path != "/tokenize":
             engine.connect_timeouts -= 1
-            try:
-                raise aiohttp.ConnectionTimeoutError(f"Connection timeout to host {request.url}")
-            except aiohttp.ConnectionTimeoutError as exc:
-                raise httpx.TimeoutException(str(exc), request=request) from exc
+            raise httpx.ConnectTimeout(f"connection timeout to {request.url}", request=request)
         body = json.loads(await request.aread())
         if path == "/tokenize":
             self.tokenize_calls += 1

@@ -1,0 +1,63 @@
+"""CPU and memory of a process and its descendants, read from /proc (Linux)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["cpu_seconds", "listening_pid", "rss_mb", "tree"]
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree(pid: int) -> list[int]:
+    """The process and every descendant (a router's workers, say)."""
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            pids += tree(int(child))
+    return pids
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU of the process tree so far."""
+    total = 0
+    for p in tree(pid):
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / _TICKS
+
+
+def rss_mb(pid: int, *, peak: bool = False, descendants: bool = True) -> float:
+    """Resident memory now (``VmRSS``) or at its peak (``VmHWM``), summed over the tree."""
+    field = "VmHWM:" if peak else "VmRSS:"
+    total = 0
+    for p in tree(pid) if descendants else [pid]:
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith(field):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def listening_pid(port: int) -> int | None:
+    """The process that listens on a loopback TCP port (an already running peer router),
+    found by the socket's inode; the oldest when several share it."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                inodes.add(fields[9])
+    owners = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    owners.append(int(entry.name))
+                    break
+        except OSError:
+            continue
+    return min(owners) if owners else None

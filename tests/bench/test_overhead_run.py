@@ -1,0 +1,47 @@
+"""A short overhead run: every arm and mode gets a row, a peer given as a command is started
+and measured with its own CPU, and the peer option's forms parse."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.overhead import Peer, parse_peer, run_overhead
+
+
+def test_peer_forms() -> None:
+    assert parse_peer("vllm-router=http://127.0.0.1:9000/") == Peer(
+        "vllm-router", url="http://127.0.0.1:9000"
+    )
+    assert parse_peer("x=run --port {port}") == Peer("x", command="run --port {port}")
+    with pytest.raises(ValueError, match="NAME=URL"):
+        parse_peer("http://127.0.0.1:9000")
+
+
+def test_short_overhead_run_measures_every_arm_and_a_peer(tmp_path: Path) -> None:
+    # carryover itself stands in for a peer router: started from the command, without state.
+    command = (
+        f"{sys.executable} -m carryover serve --port {{port}} --prefill {{prefill}} "
+        "--decode {decode} --log-level warning"
+    )
+    results = run_overhead(
+        tmp_path,
+        requests=(12,),
+        concurrency=(2,),
+        peers=[Peer("again", command=command)],
+        workers=(1, 2),
+    )
+    arms = ["carryover", "carryover-redis", "carryover-redis-w2", "again"]
+    rows = {(r["arm"], r["mode"]): r for r in results["rows"]}
+    assert set(rows) == {(arm, mode) for arm in arms for mode in ("completions", "stream", "chat")}
+    for row in rows.values():
+        assert row["turns"] == 12 and row["turns_per_s"] > 0
+        assert row["cpu_s_per_1000_turns"] > 0  # the peer's process tree is measured too
+    memory = {m["arm"]: m for m in results["memory"]}
+    assert all(memory[arm]["rss_rest_mb"] > 0 for arm in arms)
+    written = json.loads((tmp_path / "overhead.json").read_text())
+    assert written["peers"] == ["again"]
+    assert "carryover against again" in (tmp_path / "overhead.md").read_text()
