@@ -80,7 +80,8 @@ async def closed_loop(
     queue = list(reversed(jobs))
     samples: list[Sample] = []
     connector = aiohttp.TCPConnector(limit=concurrency * 2)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    timeout = aiohttp.ClientTimeout(total=60)  # a router that hangs fails the run, soon
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def worker() -> None:
             while queue:

@@ -46,6 +46,8 @@ __all__ = ["MODES", "Peer", "jobs_for", "parse_peer", "render_overhead", "run_ov
 
 MODES = ("completions", "stream", "chat")
 _CHAT_TURNS = 4
+_DECODE_BLOCKS = 262_144
+_DECODE_TTL = 3.0  # seconds; a conversation's four chat turns take milliseconds
 _SYSTEM = " ".join(f"Rule {n}: answer in plain words and keep it short." for n in range(14))
 
 
@@ -235,7 +237,17 @@ def run_overhead(
     with stack, topology() as topo:
         direct = topo.sim("direct", None, speed=0)
         p = topo.sim("prefill", "kv_producer", speed=0, port=prefill_port)
-        d = topo.sim("decode", "kv_consumer", speed=0, port=decode_port)
+        # Every turn leaves its KV pinned on D for the TTL (bidirectional transfer), and most
+        # turns here are conversations of one turn: a short TTL and a large pool keep the
+        # tens of thousands of pins of a run from filling D.
+        d = topo.sim(
+            "decode",
+            "kv_consumer",
+            speed=0,
+            port=decode_port,
+            extra=["--sim-num-blocks", str(_DECODE_BLOCKS)],
+            extra_config={"decoder_kv_blocks_ttl": _DECODE_TTL},
+        )
         topo.wait()
         arms: list[tuple[str, list[str]]] = [("carryover", [])]
         if redis:
