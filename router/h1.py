@@ -11,13 +11,18 @@ errors are the router's own (``router/errors.py``), classified where they happen
 Deadlines are the caller's (``router/upstream.py`` wraps every call in one); this module only
 bounds the TCP connect, so a connection that is never made is told apart from an engine that
 is slow to answer.
+
+No request is ever sent twice, not even one whose pooled connection turns out to be closed:
+the engine may have run it (a P leg that pulled a handle must not pull it again). Such an
+exchange is an ``EngineFailed`` like any broken one, and idle connections are dropped after
+``keepalive`` seconds, before the engine's own idle close, so that race stays rare.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -231,18 +236,25 @@ class H1Wire:
     ``keepalive`` idle seconds (below vLLM's own 5 s, so the engine never closes one under a
     request being sent)."""
 
-    def __init__(self, *, connect_timeout: float, keepalive: float) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout: float,
+        keepalive: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive
+        self._clock = clock
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._closed = False
 
     async def _checkout(self, address: tuple[str, int], what: str) -> _Connection:
         idle = self._idle.get(address)
-        now = time.monotonic()
+        now = self._clock()
         while idle:
             connection = idle.pop()
-            if connection.closed or now - connection.idle_since > self._keepalive:
+            if self._stale(connection, now):
                 connection._close()
                 continue
             return connection
@@ -288,8 +300,23 @@ class H1Wire:
         if self._closed or not connection.reusable():
             connection._close()
             return
-        connection.idle_since = time.monotonic()
-        self._idle.setdefault(connection.address, []).append(connection)
+        now = self._clock()
+        connection.idle_since = now
+        idle = self._idle.setdefault(connection.address, [])
+        if idle and self._stale(idle[0], now):
+            # The oldest are at the bottom of the stack, where light traffic never reaches:
+            # close and drop them here, so a burst's connections do not stay open for good.
+            for old in idle:
+                if self._stale(old, now):
+                    old._close()
+            idle[:] = [c for c in idle if not c.closed]
+        idle.append(connection)
+
+    def _stale(self, connection: _Connection, now: float) -> bool:
+        return connection.closed or now - connection.idle_since > self._keepalive
+
+    def idle_connections(self) -> int:
+        return sum(len(idle) for idle in self._idle.values())
 
     async def aclose(self) -> None:
         self._closed = True

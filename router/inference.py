@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
+import os
+import random
 import time
-import uuid
 from collections.abc import AsyncGenerator, Coroutine
 from typing import Any
 
@@ -15,6 +15,7 @@ import msgspec
 from litestar import Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from router.errors import CarryoverError, ClientGone, EngineUnavailable
 from router.openai import ChatView, parse_body
@@ -26,6 +27,14 @@ __all__ = ["chat_completions", "completions", "models"]
 log = logging.getLogger("carryover.router")
 
 _PATH_HEADER = "X-Carryover-Path"
+
+
+_ids = random.Random()  # seeded from the OS; ids need to be unique, not secret
+os.register_at_fork(after_in_child=_ids.seed)  # granian's workers must not share a sequence
+
+
+def _new_request_id() -> str:
+    return f"{_ids.getrandbits(128):032x}"
 
 
 def _conversation_hash(conversation_id: str) -> str:
@@ -42,7 +51,7 @@ def _conversation_id(request: Request[Any, Any, Any], body: dict[str, Any]) -> s
     return value
 
 
-async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[bytes] | Stream:
+async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
     services = services_of(request)
     if services.closing:
         raise EngineUnavailable("the router is shutting down")
@@ -57,9 +66,9 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
     turn = None
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")
-    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request_id = request.headers.get("x-request-id") or _new_request_id()
     if len(request_id) > 128 or not request_id.isprintable():
-        request_id = uuid.uuid4().hex
+        request_id = _new_request_id()
     conversation_hash = _conversation_hash(conversation_id) if conversation_id else None
     trace = services.tracing.turn(
         request.headers,
@@ -94,18 +103,19 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
         raise
     finally:
         trace.set(path=outcome.path if outcome else "error", turn=turn_request.turn)
-        log.info(
-            "turn",
-            extra={
-                "request_id": request_id,
-                "conversation": conversation_hash,
-                "tenant": tenant,
-                "path": outcome.path if outcome else "error",
-                "turn": turn_request.turn,
-                "stream": turn_request.stream,
-                "elapsed_ms": round((time.perf_counter() - started) * 1000, 2),
-            },
-        )
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "turn",
+                extra={
+                    "request_id": request_id,
+                    "conversation": conversation_hash,
+                    "tenant": tenant,
+                    "path": outcome.path if outcome else "error",
+                    "turn": turn_request.turn,
+                    "stream": turn_request.stream,
+                    "elapsed_ms": round((time.perf_counter() - started) * 1000, 2),
+                },
+            )
         if outcome is None or outcome.chunks is None:
             services.in_flight -= 1
             services.metrics.in_flight.set(services.in_flight)
@@ -144,9 +154,28 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> Response[
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-cache"},
             background=BackgroundTask(close_relay),
-        )
+        ).to_asgi_response(app=None, request=request)
     assert outcome.body is not None
-    return json_response(200, outcome.body, headers)
+    return _Answer(outcome.body, headers)
+
+
+class _Answer:
+    """A whole JSON answer as a bare ASGI app: the one response every non-streamed turn sends
+    goes out without Litestar's Response and ASGIResponse objects in between."""
+
+    __slots__ = ("_body", "_headers")
+
+    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
+        self._body = body
+        self._headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        await send({"type": "http.response.body", "body": self._body, "more_body": False})
 
 
 async def _client_left(request: Request[Any, Any, Any]) -> None:
@@ -160,28 +189,48 @@ async def _unless_client_leaves(
 ) -> TurnOutcome:
     """Run the turn up to its answer (non-streamed) or first chunk (streamed), cancelling its
     engine calls if the client goes away first: nobody would read the result. A streamed
-    turn's relay is cancelled by the server itself once the stream has started."""
-    turn = asyncio.ensure_future(work)
+    turn's relay is cancelled by the server itself once the stream has started.
+
+    The turn runs in this task; a watcher cancels it on a disconnect (one task a request,
+    not two and a wait)."""
+    task = asyncio.current_task()
+    assert task is not None
+    running = True
+    left = False
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        nonlocal left
+        if running and not watcher.cancelled() and watcher.exception() is None:
+            left = True
+            task.cancel()
+
     watcher = asyncio.ensure_future(_client_left(request))
+    watcher.add_done_callback(on_disconnect)
     try:
-        await asyncio.wait((turn, watcher), return_when=asyncio.FIRST_COMPLETED)
+        outcome = await work
+    except asyncio.CancelledError:
+        if left and task.uncancel() == 0:
+            raise ClientGone("the client disconnected before the answer") from None
+        raise
+    except BaseException:
+        if left:
+            task.uncancel()  # the turn failed on its own before the cancel reached it
+        raise
     finally:
+        running = False
         watcher.cancel()
-    if not turn.done():
-        turn.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await turn
-        raise ClientGone("the client disconnected before the answer")
-    return turn.result()
+    if left:
+        task.uncancel()  # answered before the cancel reached it: the answer goes out as before
+    return outcome
 
 
 @post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
+async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
     return await _generate(request, chat=True)
 
 
 @post("/v1/completions", status_code=200)
-async def completions(request: Request[Any, Any, Any]) -> Response[bytes] | Stream:
+async def completions(request: Request[Any, Any, Any]) -> ASGIApp:
     return await _generate(request, chat=False)
 
 

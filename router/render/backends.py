@@ -146,14 +146,43 @@ class LocalRenderer:
             raise ClientError(str(exc)) from exc
 
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        if _text_size(body.get("messages")) < INLINE_CHARS:
+            return self._render(body)
         return await asyncio.to_thread(self._render, body)
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+        if len(prompt) < INLINE_CHARS:
+            return self._template.encode(prompt)
         return await asyncio.to_thread(self._template.encode, prompt)
 
     async def warm(self, body: dict[str, Any], answer: str) -> None:
         kwargs = body.get("chat_template_kwargs") or {}
-        await asyncio.to_thread(self._template.warm, answer, kwargs)
+        if len(answer) < INLINE_CHARS:
+            self._template.warm(answer, kwargs)
+        else:
+            await asyncio.to_thread(self._template.warm, answer, kwargs)
+
+
+#: Below this many characters of message text a render runs on the event loop: a 200-token
+#: chat renders in about 0.1 ms, less than the hop to a worker thread and back costs
+#: (``bench/RESULTS.md``). Longer ones go to a thread, so that a 10k-token prompt's few ms
+#: of tokenizing (its new spans) do not hold up every other turn.
+INLINE_CHARS = 4096
+
+
+def _text_size(messages: Any) -> int:
+    """Characters of text in ``messages`` (what tokenizing costs grows with); a shape the
+    template will refuse counts as large, so its error is raised in the thread."""
+    if not isinstance(messages, list):
+        return INLINE_CHARS
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            size += len(content)
+        elif content is not None:
+            size += INLINE_CHARS  # parts: count as large rather than walk them
+    return size
 
 
 def local_folder(config: RenderConfig) -> Path:

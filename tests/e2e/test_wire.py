@@ -13,6 +13,7 @@ import pytest
 
 from router.config import Timeouts
 from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
+from router.h1 import H1Wire
 from router.upstream import Upstream, iter_sse
 from tests.support.ports import free_port
 
@@ -248,3 +249,56 @@ async def test_a_stream_past_the_read_pause_arrives_in_order(upstream: Upstream)
             if len(got) % 500 == 0:
                 await asyncio.sleep(0.01)  # a slow reader, so the socket's buffer fills
     assert got == [b"%06d".decode() % n for n in range(3000)]
+
+
+async def test_idle_connections_past_the_keepalive_are_closed_not_reused() -> None:
+    now = [0.0]
+    connections: list[asyncio.StreamReader] = []
+    ended: list[int] = []  # the connections the client closed, by when they opened
+    changed = asyncio.Event()
+
+    async def keeps(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        index = len(connections)
+        connections.append(reader)
+        while True:
+            try:
+                await _request_head(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            if reader.at_eof():
+                break
+            writer.write(_answer(b"{}"))
+            await writer.drain()
+        ended.append(index)
+        changed.set()
+
+    async def ended_are(expected: list[int]) -> None:
+        while sorted(ended) != expected:
+            changed.clear()
+            await asyncio.wait_for(changed.wait(), 5)
+
+    wire = H1Wire(connect_timeout=1.0, keepalive=4.0, clock=lambda: now[0])
+    try:
+        async with serving(keeps) as url:
+
+            async def one() -> None:
+                response = await wire.send("POST", url + "/v1/x", b"{}", {}, "x")
+                assert await response.read() == b"{}"
+
+            await asyncio.gather(one(), one(), one())  # a burst at 0 s: three connections
+            assert (len(connections), wire.idle_connections()) == (3, 3)
+            now[0] = 3.0
+            await one()  # light traffic: the newest, again and again
+            now[0] = 6.0
+            await one()
+            # The two the burst left behind are 6 s idle: closed, though nothing reached them.
+            assert (len(connections), wire.idle_connections()) == (3, 1)
+            await ended_are([0, 1])
+            now[0] = 11.0  # the last one too: a new connection serves
+            await one()
+            assert (len(connections), wire.idle_connections()) == (4, 1)
+            await ended_are([0, 1, 2])
+    finally:
+        await wire.aclose()
