@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import os
 import random
 import time
-from collections.abc import AsyncGenerator, Coroutine
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import ASGIApp
 
-from router.errors import CarryoverError, ClientGone, EngineUnavailable
+from router.answers import Answer, CancelOnDisconnect, EventStream
+from router.errors import CarryoverError, EngineUnavailable
 from router.openai import ChatView, parse_body
 from router.services import conversation_key, json_response, resolve_model, services_of
-from router.turn import TurnOutcome, TurnRequest
+from router.turn import TurnRequest
 
 __all__ = ["chat_completions", "completions", "models"]
 
@@ -97,7 +94,10 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
     outcome = None
     error: str | None = None
     try:
-        outcome = await _unless_client_leaves(request, services.runner.run(turn_request))
+        # The turn runs up to its answer (non-streamed) or first chunk (streamed); a client
+        # that goes away first cancels its engine calls: nobody would read the result.
+        with CancelOnDisconnect(request.receive):
+            outcome = await services.runner.run(turn_request)
     except Exception as exc:
         error = type(exc).__name__
         raise
@@ -120,9 +120,9 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
             services.in_flight -= 1
             services.metrics.in_flight.set(services.in_flight)
             trace.end(error)
+    assert outcome is not None  # the watch raises ClientGone, it never swallows here
     headers = {_PATH_HEADER: str(outcome.path)} if services.config.expose_path_header else {}
     if outcome.chunks is not None:
-        chunks = outcome.chunks
         done = False
 
         def finish() -> None:
@@ -133,95 +133,9 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
                 services.metrics.in_flight.set(services.in_flight)
                 trace.end()
 
-        async def counted() -> AsyncGenerator[bytes, None]:
-            try:
-                async for chunk in chunks:
-                    yield chunk
-            finally:
-                finish()
-
-        relay = counted()
-
-        async def close_relay() -> None:
-            # A stream that never started (the client left before its first byte went out)
-            # runs no finally of its own: close it, so the turn's leases and connections go.
-            await relay.aclose()
-            await chunks.aclose()
-            finish()
-
-        return Stream(
-            relay,
-            media_type="text/event-stream",
-            headers={**headers, "Cache-Control": "no-cache"},
-            background=BackgroundTask(close_relay),
-        ).to_asgi_response(app=None, request=request)
+        return EventStream(outcome.chunks, headers, finish)
     assert outcome.body is not None
-    return _Answer(outcome.body, headers)
-
-
-class _Answer:
-    """A whole JSON answer as a bare ASGI app: the one response every non-streamed turn sends
-    goes out without Litestar's Response and ASGIResponse objects in between."""
-
-    __slots__ = ("_body", "_headers")
-
-    def __init__(self, body: bytes, headers: dict[str, str]) -> None:
-        self._body = body
-        self._headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
-        ]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self._headers})
-        await send({"type": "http.response.body", "body": self._body, "more_body": False})
-
-
-async def _client_left(request: Request[Any, Any, Any]) -> None:
-    """Returns when the client disconnects (the body is read: the next message is that)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_client_leaves(
-    request: Request[Any, Any, Any], work: Coroutine[Any, Any, TurnOutcome]
-) -> TurnOutcome:
-    """Run the turn up to its answer (non-streamed) or first chunk (streamed), cancelling its
-    engine calls if the client goes away first: nobody would read the result. A streamed
-    turn's relay is cancelled by the server itself once the stream has started.
-
-    The turn runs in this task; a watcher cancels it on a disconnect (one task a request,
-    not two and a wait)."""
-    task = asyncio.current_task()
-    assert task is not None
-    running = True
-    left = False
-
-    def on_disconnect(watcher: asyncio.Future[None]) -> None:
-        nonlocal left
-        if running and not watcher.cancelled() and watcher.exception() is None:
-            left = True
-            task.cancel()
-
-    watcher = asyncio.ensure_future(_client_left(request))
-    watcher.add_done_callback(on_disconnect)
-    try:
-        outcome = await work
-    except asyncio.CancelledError:
-        if left and task.uncancel() == 0:
-            raise ClientGone("the client disconnected before the answer") from None
-        raise
-    except BaseException:
-        if left:
-            task.uncancel()  # the turn failed on its own before the cancel reached it
-        raise
-    finally:
-        running = False
-        watcher.cancel()
-    if left:
-        task.uncancel()  # answered before the cancel reached it: the answer goes out as before
-    return outcome
+    return Answer(outcome.body, headers)
 
 
 @post("/v1/chat/completions", status_code=200)
