@@ -3,7 +3,8 @@ earlier turns cached (router/render/spans.py), and the same with each answer's s
 after its turn, as the router does once a turn is committed (``ChatTemplate.warm``): what is
 left on the next turn's path. One run, the same conversations for all three.
 
-    python -m bench.render_bench [--conversations 30] [--turns 10] [--user-tokens 800]
+    python -m bench.render_bench [--conversations 30] [--turns 10] [--system-tokens 200]
+        [--user-tokens 800] [--answer-tokens 200]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.render_bench")
     parser.add_argument("--conversations", type=int, default=30)
     parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--system-tokens", type=int, default=200)
     parser.add_argument("--user-tokens", type=int, default=800)
     parser.add_argument("--answer-tokens", type=int, default=200)
     args = parser.parse_args()
@@ -34,6 +36,7 @@ def main() -> None:
     spec = WorkloadSpec(
         conversations=args.conversations,
         turns=args.turns,
+        system_tokens=Distribution("constant", args.system_tokens),
         user_tokens=Distribution("constant", args.user_tokens),
     )
     rng = random.Random(0)

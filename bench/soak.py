@@ -15,6 +15,7 @@ import json
 import random
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def _slope(points: list[tuple[float, float]]) -> float:
 
 
 async def _conversation(
-    urls: list[str], stop: float, rng: random.Random, counts: dict[str, int]
+    urls: list[str], stop: float, rng: random.Random, counts: Counter[str]
 ) -> None:
     """Conversations of 2-8 turns; half end with DELETE (a client that says goodbye), the
     others are abandoned and leave their handle to expire."""
@@ -72,12 +73,14 @@ async def _conversation(
                     r = await client.post(
                         urls[turn % len(urls)] + "/v1/chat/completions", json=body
                     )
-                except httpx.HTTPError:
+                except httpx.HTTPError as exc:
                     counts["errors"] += 1
+                    counts[f"error: {type(exc).__name__}"] += 1
                     break
                 counts["requests"] += 1
                 if r.status_code != 200:
                     counts["errors"] += 1
+                    counts[f"error: {r.status_code} {r.text[:80]}"] += 1
                     break
                 messages.append(
                     {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]}
@@ -90,13 +93,15 @@ async def _conversation(
                         ended = await client.delete(f"{urls[0]}/v1/conversations/{cid}")
                         if ended.status_code != 200:
                             counts["errors"] += 1
-                    except httpx.HTTPError:
+                            counts[f"error: DELETE {ended.status_code}"] += 1
+                    except httpx.HTTPError as exc:
                         counts["errors"] += 1
+                        counts[f"error: DELETE {type(exc).__name__}"] += 1
                 counts[key] += 1
 
 
 async def _drive(
-    urls: list[str], conversations: int, seconds: float, seed: int, counts: dict[str, int]
+    urls: list[str], conversations: int, seconds: float, seed: int, counts: Counter[str]
 ) -> None:
     rng = random.Random(seed)
     stop = time.monotonic() + seconds
@@ -121,7 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.minutes * 60
     samples: list[dict[str, float]] = []
-    counts = {"requests": 0, "errors": 0, "ended": 0, "abandoned": 0}
+    counts: Counter[str] = Counter({"requests": 0, "errors": 0, "ended": 0, "abandoned": 0})
     with local_redis() as redis_url, topology() as topo:
         ttl_config = {"decoder_kv_blocks_ttl": args.ttl}
         ps = [
@@ -195,6 +200,7 @@ def main() -> None:
         "seconds": seconds,
         "requests": counts["requests"],
         "errors": counts["errors"],
+        "errors_by_kind": {k[7:]: v for k, v in counts.items() if k.startswith("error: ")},
         "router_rss_mb_first_last": [rss[0][1], rss[-1][1]] if rss else None,
         "router_rss_slope_mb_per_min_second_half": _slope(rss),
         "store_keys_slope_per_min_second_half": _slope(keys),

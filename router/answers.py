@@ -2,8 +2,8 @@
 client has gone.
 
 Every turn sends one of these, so they skip what Litestar's ``Response`` and ``Stream`` add
-on the way (response objects, header normalization, and for streams an anyio task group per
-request: 15% of the worker's CPU under streamed load, ``bench/RESULTS.md``). Errors still go
+on the way (response objects, header normalization, and for streams an anyio task group and
+a second task per request; ``bench/RESULTS.md`` has what that cost). Errors still go
 through the app's exception handlers: these only carry answers.
 """
 
