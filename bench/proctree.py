@@ -28,11 +28,11 @@ def cpu_seconds(pid: int) -> float:
     return total / _TICKS
 
 
-def rss_mb(pid: int, *, peak: bool = False, descendants: bool = True) -> float:
+def rss_mb(pid: int, *, peak: bool = False) -> float:
     """Resident memory now (``VmRSS``) or at its peak (``VmHWM``), summed over the tree."""
     field = "VmHWM:" if peak else "VmRSS:"
     total = 0
-    for p in tree(pid) if descendants else [pid]:
+    for p in tree(pid):
         for line in Path(f"/proc/{p}/status").read_text().splitlines():
             if line.startswith(field):
                 total += int(line.split()[1])

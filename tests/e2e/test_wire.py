@@ -16,6 +16,7 @@ from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
 from router.h1 import H1Wire
 from router.upstream import Upstream, iter_sse
 from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 
 async def _request_head(reader: asyncio.StreamReader) -> int:
@@ -225,8 +226,9 @@ async def test_a_malformed_answer_broke_off_and_a_cancelled_read_is_not_pooled()
 
 
 async def test_a_stream_past_the_read_pause_arrives_in_order(upstream: Upstream) -> None:
-    # 12 MB of events read slowly: the wire stops reading the socket above its buffer bound
-    # and resumes as the lines are taken.
+    # 12 MB of events. The reader takes the first line, then waits until the wire has stopped
+    # reading the socket (over 4 MiB unread) before taking the rest: every line must still
+    # arrive, in order, as reading resumes.
     lines = [b"data: " + b"%06d" % n + b"x" * 4000 for n in range(3000)]
 
     async def sse(
@@ -242,12 +244,15 @@ async def test_a_stream_past_the_read_pause_arrives_in_order(upstream: Upstream)
         await writer.drain()
         await done.wait()
 
+    async def paused() -> bool:
+        return bool(response._connection.paused)  # type: ignore[attr-defined]
+
     async with serving(sse) as url, upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
         got = []
         async for data in iter_sse(response, idle_timeout=5):
             got.append(data[:6])
-            if len(got) % 500 == 0:
-                await asyncio.sleep(0.01)  # a slow reader, so the socket's buffer fills
+            if len(got) == 1:
+                await eventually(paused, what="the wire stops reading", interval=0.01)
     assert got == [b"%06d".decode() % n for n in range(3000)]
 
 
