@@ -25,6 +25,7 @@ import redis
 from bench.local_redis import local_redis
 from bench.procs import topology
 from bench.proctree import rss_mb
+from bench.report import percentile
 
 
 def _gauge(text: str, name: str) -> float:
@@ -42,8 +43,17 @@ def _slope(points: list[tuple[float, float]]) -> float:
     return 60 * sum((x - mx) * (y - my) for x, y in half) / var if var else 0.0
 
 
+_SLOW = 10.0  # seconds: a request this slow is listed with when and where it ran
+
+
 async def _conversation(
-    urls: list[str], stop: float, rng: random.Random, counts: Counter[str]
+    urls: list[str],
+    stop: float,
+    rng: random.Random,
+    counts: Counter[str],
+    latencies: list[float],
+    slow: list[dict[str, Any]],
+    started: float,
 ) -> None:
     """Conversations of 2-8 turns; half end with DELETE (a client that says goodbye), the
     others are abandoned and leave their handle to expire."""
@@ -69,14 +79,19 @@ async def _conversation(
                     "ignore_eos": True,
                     "conversation_id": cid,
                 }
+                url = urls[turn % len(urls)]
+                sent = time.monotonic()
                 try:
-                    r = await client.post(
-                        urls[turn % len(urls)] + "/v1/chat/completions", json=body
-                    )
+                    r = await client.post(url + "/v1/chat/completions", json=body)
                 except httpx.HTTPError as exc:
                     counts["errors"] += 1
                     counts[f"error: {type(exc).__name__}"] += 1
+                    slow.append(_slow_entry(sent, started, url, cid, turn, type(exc).__name__))
                     break
+                took = time.monotonic() - sent
+                latencies.append(took)
+                if took > _SLOW:
+                    slow.append(_slow_entry(sent, started, url, cid, turn, str(r.status_code)))
                 counts["requests"] += 1
                 if r.status_code != 200:
                     counts["errors"] += 1
@@ -100,14 +115,34 @@ async def _conversation(
                 counts[key] += 1
 
 
+def _slow_entry(
+    sent: float, started: float, url: str, cid: str, turn: int, outcome: str
+) -> dict[str, Any]:
+    return {
+        "sent_at_s": round(sent - started, 1),
+        "took_s": round(time.monotonic() - sent, 1),
+        "router": url,
+        "conversation_id": cid,
+        "turn": turn + 1,
+        "outcome": outcome,
+    }
+
+
 async def _drive(
-    urls: list[str], conversations: int, seconds: float, seed: int, counts: Counter[str]
+    urls: list[str],
+    conversations: int,
+    seconds: float,
+    seed: int,
+    counts: Counter[str],
+    latencies: list[float],
+    slow: list[dict[str, Any]],
 ) -> None:
     rng = random.Random(seed)
-    stop = time.monotonic() + seconds
+    started = time.monotonic()
+    stop = started + seconds
     await asyncio.gather(
         *(
-            _conversation(urls, stop, random.Random(rng.random()), counts)
+            _conversation(urls, stop, random.Random(rng.random()), counts, latencies, slow, started)
             for _ in range(conversations)
         )
     )
@@ -126,6 +161,8 @@ def main() -> None:
     args = parser.parse_args()
     seconds = args.minutes * 60
     samples: list[dict[str, float]] = []
+    latencies: list[float] = []
+    slow: list[dict[str, Any]] = []
     counts: Counter[str] = Counter({"requests": 0, "errors": 0, "ended": 0, "abandoned": 0})
     with local_redis() as redis_url, topology() as topo:
         ttl_config = {"decoder_kv_blocks_ttl": args.ttl}
@@ -160,6 +197,10 @@ def main() -> None:
                     (await asyncio.to_thread(httpx.get, d.url + "/metrics", timeout=5)).text
                     for d in ds
                 ]
+                prefills = [
+                    (await asyncio.to_thread(httpx.get, p.url + "/metrics", timeout=5)).text
+                    for p in ps
+                ]
                 routed = [
                     (await asyncio.to_thread(httpx.get, r.url + "/metrics", timeout=5)).text
                     for r in routers
@@ -170,6 +211,19 @@ def main() -> None:
                         "router_rss_mb": sum(rss_mb(r.popen.pid) for r in routers),
                         "store_keys": float(store.dbsize()),
                         "pinned_handles": sum(_gauge(t, "sim:pinned_handles") for t in texts),
+                        # a full KV pool makes requests wait for blocks (pins expire at TTL)
+                        "decode_kv_usage_max": max(
+                            _gauge(t, "vllm:kv_cache_usage_perc") for t in texts
+                        ),
+                        "decode_waiting": sum(
+                            _gauge(t, "vllm:num_requests_waiting") for t in texts
+                        ),
+                        "prefill_kv_usage_max": max(
+                            _gauge(t, "vllm:kv_cache_usage_perc") for t in prefills
+                        ),
+                        "prefill_waiting": sum(
+                            _gauge(t, "vllm:num_requests_waiting") for t in prefills
+                        ),
                         "expired_unused": sum(_gauge(t, "sim:expired_pins_total") for t in texts),
                         # what the routers say of the same: stored handles that expired
                         # unclaimed (abandoned), handles they gave back, gauges per D
@@ -188,7 +242,15 @@ def main() -> None:
 
         async def run() -> None:
             await asyncio.gather(
-                _drive([r.url for r in routers], args.conversations, seconds, args.seed, counts),
+                _drive(
+                    [r.url for r in routers],
+                    args.conversations,
+                    seconds,
+                    args.seed,
+                    counts,
+                    latencies,
+                    slow,
+                ),
                 sample_loop(),
             )
 
@@ -201,6 +263,18 @@ def main() -> None:
         "requests": counts["requests"],
         "errors": counts["errors"],
         "errors_by_kind": {k[7:]: v for k, v in counts.items() if k.startswith("error: ")},
+        "latency_s": {
+            "p50": percentile(latencies, 50),
+            "p99": percentile(latencies, 99),
+            "max": max(latencies),
+        }
+        if latencies
+        else None,
+        f"requests_over_{_SLOW:.0f}s_or_failed": slow,
+        "decode_kv_usage_peak": max((s["decode_kv_usage_max"] for s in samples), default=0.0),
+        "decode_waiting_peak": max((s["decode_waiting"] for s in samples), default=0.0),
+        "prefill_kv_usage_peak": max((s["prefill_kv_usage_max"] for s in samples), default=0.0),
+        "prefill_waiting_peak": max((s["prefill_waiting"] for s in samples), default=0.0),
         "router_rss_mb_first_last": [rss[0][1], rss[-1][1]] if rss else None,
         "router_rss_slope_mb_per_min_second_half": _slope(rss),
         "store_keys_slope_per_min_second_half": _slope(keys),
@@ -227,13 +301,14 @@ def main() -> None:
         "# Soak",
         "",
         "| t (s) | router RSS (MB) | store keys | pinned at D | held (router) | expired unused at D "
-        "| of which abandoned | requests |",
-        "|---|---|---|---|---|---|---|---|",
+        "| of which abandoned | D KV use (max) | D waiting | P KV use (max) | P waiting | requests |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
         f"| {s['t']:.0f} | {s['router_rss_mb']:.0f} | {s['store_keys']:.0f} | {s['pinned_handles']:.0f} "
         f"| {s['router_held']:.0f} | {s['expired_unused']:.0f} | {s['router_expired_unused']:.0f} "
-        f"| {s['requests']:.0f} |"
+        f"| {s['decode_kv_usage_max']:.2f} | {s['decode_waiting']:.0f} "
+        f"| {s['prefill_kv_usage_max']:.2f} | {s['prefill_waiting']:.0f} | {s['requests']:.0f} |"
         for s in samples
     ]
     lines += ["", "```", json.dumps(summary, indent=2), "```", ""]

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 from state.keys import ConversationKey
 from state.records import Record, RecordDecodeError
+from state.resp import Address, RespChannel, Script
 from state.store import Committed, Held, StoreUnavailable
 
 __all__ = ["RedisStore"]
@@ -54,7 +52,7 @@ end
 # KEYS[1] record key, KEYS[2] its ended mark; ARGV[2] value; ARGV[3] lifetime in ms; ARGV[4]
 # expires_at; ARGV[5] created_at; ARGV[6] now; ARGV[7] when the turn started ('' : unfenced).
 # Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
-_COMMIT = (
+_COMMIT = Script(
     _LUA_HELPERS
     + """
 if ARGV[7] ~= '' then
@@ -99,7 +97,7 @@ return {1, current}
 # KEYS[1] record key. Get-and-delete, and the holder forgets it. With KEYS[2] (the ended
 # mark), ARGV[2] (now) and ARGV[3] (fence in ms): commits of turns started before now are
 # refused while the mark lives.
-_CLAIM = (
+_CLAIM = Script(
     _LUA_HELPERS
     + """
 local value = redis.call('GET', KEYS[1])
@@ -118,7 +116,8 @@ return value
 # count of entries the commit script found expired. Drops what expired
 # (records that expired unclaimed: each is dropped, and so counted, by exactly one reader);
 # returns count, oldest creation time and how many were dropped, per instance.
-_HELD = """
+_HELD = Script(
+    """
 local out = {}
 for i = 1, #KEYS, 3 do
   local expired = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', ARGV[2])
@@ -134,11 +133,13 @@ for i = 1, #KEYS, 3 do
 end
 return out
 """
+)
 
 
 # KEYS[1] epoch counter, KEYS[2] the identity it counts; ARGV[1] the identity observed. One
 # bump per new identity, whichever replica reports it first.
-_OBSERVE = """
+_OBSERVE = Script(
+    """
 local seen = redis.call('GET', KEYS[2])
 if seen == ARGV[1] then
   return tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -149,6 +150,7 @@ if not seen then
 end
 return redis.call('INCR', KEYS[1])
 """
+)
 
 
 def _encode(record: Record) -> bytes:
@@ -177,56 +179,31 @@ class RedisStore:
     """A :class:`~state.store.Store` on Redis.
 
     Args:
-        client: a ``redis.asyncio.Redis`` (bytes responses).
+        channel: the connection every call goes over (one pipelined socket per event loop).
         timeout: seconds any one call may take before it raises ``StoreUnavailable``.
         namespace: prefix of every key.
-        owns_client: close the client in :meth:`close`.
     """
 
     def __init__(
-        self,
-        client: Redis,
-        *,
-        timeout: float = 0.25,
-        namespace: str = "carryover",
-        owns_client: bool = False,
+        self, channel: RespChannel, *, timeout: float = 0.25, namespace: str = "carryover"
     ) -> None:
-        self._client = client
+        self._channel = channel
         self._timeout = timeout
         self._namespace = namespace
-        self._owns_client = owns_client
-        self._commit = client.register_script(_COMMIT)
-        self._claim = client.register_script(_CLAIM)
-        self._held = client.register_script(_HELD)
-        self._observe = client.register_script(_OBSERVE)
 
     @classmethod
     def from_url(
-        cls,
-        url: str,
-        *,
-        timeout: float = 0.25,
-        namespace: str = "carryover",
-        max_connections: int = 256,
-        **kwargs: Any,
+        cls, url: str, *, timeout: float = 0.25, namespace: str = "carryover"
     ) -> RedisStore:
-        """A store with its own connection pool: no retries (a failed call is served cold, not
-        repeated) and socket timeouts bounded by ``timeout``.
+        """A store on the server at ``url`` (``redis://``, ``rediss://`` or ``unix://``).
 
-        The pool blocks when all its connections are busy: redis-py's default pool raises
-        ``MaxConnectionsError`` at once beyond 100, which under a burst of turns served
-        hundreds of them cold in a soak. Waiting for a connection counts against ``timeout``.
+        No call is retried: a failed call is served cold, not repeated. A connection that
+        answers nothing for four call timeouts while calls wait is dropped and remade.
         """
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-            **kwargs,
+        channel = RespChannel(
+            Address.from_url(url), connect_timeout=timeout, dead_after=max(1.0, 4 * timeout)
         )
-        return cls(Redis.from_pool(pool), timeout=timeout, namespace=namespace, owns_client=True)
+        return cls(channel, timeout=timeout, namespace=namespace)
 
     def _key(self, key: ConversationKey) -> str:
         return key.storage_key(self._namespace)
@@ -246,12 +223,12 @@ class RedisStore:
         try:
             async with asyncio.timeout(self._timeout):
                 return await make()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def claim(self, key: ConversationKey) -> Record | None:
         value = await self._call(
-            lambda: self._claim(keys=[self._key(key)], args=[self._held_prefix])
+            lambda: self._channel.evalsha(_CLAIM, [self._key(key)], [self._held_prefix])
         )
         return _decode(value)
 
@@ -267,9 +244,10 @@ class RedisStore:
         if ttl_ms <= 0:
             return Committed(written=False)
         answer = await self._call(
-            lambda: self._commit(
-                keys=[self._key(key), self._ended_key(key)],
-                args=[
+            lambda: self._channel.evalsha(
+                _COMMIT,
+                [self._key(key), self._ended_key(key)],
+                [
                     self._held_prefix,
                     _encode(record),
                     ttl_ms,
@@ -286,7 +264,7 @@ class RedisStore:
         )
 
     async def get(self, key: ConversationKey) -> Record | None:
-        return _decode(await self._call(lambda: self._client.get(self._key(key))))
+        return _decode(await self._call(lambda: self._channel.call("GET", self._key(key))))
 
     async def delete(
         self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
@@ -294,38 +272,43 @@ class RedisStore:
         if now is None or fence <= 0:
             return await self.claim(key)
         value = await self._call(
-            lambda: self._claim(
-                keys=[self._key(key), self._ended_key(key)],
-                args=[self._held_prefix, repr(now), int(fence * 1000)],
+            lambda: self._channel.evalsha(
+                _CLAIM,
+                [self._key(key), self._ended_key(key)],
+                [self._held_prefix, repr(now), int(fence * 1000)],
             )
         )
         return _decode(value)
 
     async def observe_identity(self, instance: str, identity: str) -> int:
         keys = [self._epoch_key(instance), f"{self._epoch_key(instance)}:identity"]
-        return int(await self._call(lambda: self._observe(keys=keys, args=[identity])))
+        return int(await self._call(lambda: self._channel.evalsha(_OBSERVE, keys, [identity])))
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:
         if not instances:
             return {}
         values = await self._call(
-            lambda: self._client.mget([self._epoch_key(name) for name in instances])
+            lambda: self._channel.call("MGET", *(self._epoch_key(name) for name in instances))
         )
         pairs = zip(instances, values, strict=True)
         return {name: int(v) if v is not None else 0 for name, v in pairs}
 
     async def count(self) -> int:
         async def scan() -> int:
-            total = 0
-            async for _ in self._client.scan_iter(match=f"{self._namespace}:*", count=1000):
-                total += 1
-            return total
+            total, cursor = 0, b"0"
+            while True:
+                cursor, keys = await self._channel.call(
+                    "SCAN", cursor, "MATCH", f"{self._namespace}:*", "COUNT", 1000
+                )
+                total += len(keys)
+                if cursor == b"0":
+                    return total
 
         try:
             # A scan is many round trips: give it more than one call's timeout.
             async with asyncio.timeout(self._timeout * 40):
                 return await scan()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def held(self, instances: list[str], *, now: float) -> dict[str, Held]:
@@ -339,7 +322,7 @@ class RedisStore:
                 f"{self._held_prefix}-expired:{name}",
             ]
         answer = await self._call(
-            lambda: self._held(keys=keys, args=[self._held_prefix, repr(now)])
+            lambda: self._channel.evalsha(_HELD, keys, [self._held_prefix, repr(now)])
         )
         result: dict[str, Held] = {}
         for i, name in enumerate(instances):
@@ -348,8 +331,7 @@ class RedisStore:
         return result
 
     async def ping(self) -> None:
-        await self._call(lambda: self._client.ping())
+        await self._call(lambda: self._channel.call("PING"))
 
     async def close(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        self._channel.close()

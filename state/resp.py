@@ -1,0 +1,252 @@
+"""One pipelined Redis connection per event loop, for the store's few commands.
+
+redis-py's asyncio client spends about 100 µs of CPU on an ``EVALSHA`` round trip (a pooled
+connection checked out and back, command packing, a stream reader, response callbacks); a
+turn makes two. This channel writes each command as one RESP frame on a shared connection and
+parses replies with hiredis (what redis-py uses underneath), resolving callers in order:
+about 25 µs a call, and concurrent turns pipeline on the one socket instead of holding one
+connection each (``bench/RESULTS.md``, router overhead).
+
+Failure model, the same as the store's: a call has a deadline (the caller's); a call that
+runs out is abandoned and its late reply discarded, so one slow reply does not fail the calls
+queued behind it. A connection that has answered nothing for ``dead_after`` while calls wait
+(a frozen or vanished server) is closed, failing what waits on it, and the next call
+reconnects. Nothing is retried except ``EVALSHA`` after ``NOSCRIPT`` (the script did not run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import hiredis
+from redis.connection import SSLConnection, parse_url
+from redis.exceptions import ConnectionError, InvalidResponse, ResponseError
+
+__all__ = ["Address", "RespChannel", "Script", "pack"]
+
+Arg = bytes | str | int | float
+
+
+def pack(args: Sequence[Arg]) -> bytes:
+    """A command as one RESP array of bulk strings."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where and how to connect, from a ``redis://``, ``rediss://`` or ``unix://`` URL."""
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str | None = None  #: a unix socket instead of host and port
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+
+    @classmethod
+    def from_url(cls, url: str) -> Address:
+        fields = parse_url(url)  # type: ignore[no-untyped-call]
+        return cls(
+            host=fields.get("host") or "127.0.0.1",
+            port=int(fields.get("port") or 6379),
+            path=fields.get("path"),
+            db=int(fields.get("db") or 0),
+            username=fields.get("username"),
+            password=fields.get("password"),
+            tls=fields.get("connection_class") is SSLConnection,
+        )
+
+    def setup(self) -> list[bytes]:
+        """Commands a new connection runs before any call."""
+        frames = []
+        if self.password is not None:
+            who = [self.username] if self.username else []
+            frames.append(pack(["AUTH", *who, self.password]))
+        if self.db:
+            frames.append(pack(["SELECT", self.db]))
+        return frames
+
+    def __repr__(self) -> str:  # never the password
+        where = self.path or f"{self.host}:{self.port}"
+        return f"Address({where}, db={self.db}, tls={self.tls})"
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script called by its SHA1, loaded on the first ``NOSCRIPT``."""
+
+    text: str
+
+    @property
+    def sha(self) -> str:
+        return hashlib.sha1(self.text.encode()).hexdigest()
+
+
+class _Connection(asyncio.Protocol):
+    """Replies matched to calls in the order the calls were written."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=ResponseError)
+        self._waiting: deque[asyncio.Future[Any]] = deque()
+        self._transport: asyncio.Transport | None = None
+        #: since when the oldest waiting call has seen no reply (None: nothing waits)
+        self.silent_since: float | None = None
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        waiting = self._waiting
+        while (reply := self._reader.gets()) is not False:
+            if not waiting:  # a reply nobody asked for: the stream cannot be trusted
+                self.close()
+                return
+            future = waiting.popleft()
+            if not future.done():  # else its caller gave up: drop the reply
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+        self.silent_since = self._loop.time() if waiting else None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(ConnectionError(f"redis connection lost: {exc}"))
+
+    def send(self, frame: bytes) -> asyncio.Future[Any]:
+        if self.lost or self._transport is None:
+            raise ConnectionError("redis connection closed")
+        future = self._loop.create_future()
+        if not self._waiting:
+            self.silent_since = self._loop.time()
+        self._waiting.append(future)
+        self._transport.write(frame)
+        return future
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()  # connection_lost fails whatever waits
+        self.lost = True
+
+
+class RespChannel:
+    """Redis calls over one pipelined connection of the running event loop.
+
+    Args:
+        address: the server.
+        connect_timeout: seconds a connect (with AUTH and SELECT) may take.
+        dead_after: seconds without any reply, while calls wait, before the connection is
+            dropped.
+    """
+
+    def __init__(
+        self, address: Address, *, connect_timeout: float = 1.0, dead_after: float = 1.0
+    ) -> None:
+        self.address = address
+        self._connect_timeout = connect_timeout
+        self._dead_after = dead_after
+        self._connection: _Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Future[_Connection] | None = None
+
+    async def call(self, *args: Arg) -> Any:
+        """One command's reply; a reply error raises ``ResponseError``, a broken connection
+        ``ConnectionError`` (redis-py's classes)."""
+        connection = self._live()
+        if connection is None:
+            connection = await self._connect()
+        return await connection.send(pack(args))
+
+    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        head: list[Arg] = [len(keys), *keys, *args]
+        try:
+            return await self.call("EVALSHA", script.sha, *head)
+        except ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return await self.call("EVAL", script.text, *head)  # runs it and caches it
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _live(self) -> _Connection | None:
+        connection = self._connection
+        if connection is None or connection.lost:
+            return None
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # made on another loop (a test's earlier asyncio.run)
+            connection.close()
+            return None
+        silent = connection.silent_since
+        if silent is not None and loop.time() - silent > self._dead_after:
+            connection.close()
+            return None
+        return connection
+
+    async def _connect(self) -> _Connection:
+        # Calls that arrive while a connect is under way wait for that one.
+        if self._connecting is not None and self._loop is asyncio.get_running_loop():
+            return await asyncio.shield(self._connecting)
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._connection = None
+        self._connecting = connecting = loop.create_future()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                connection = await self._open(loop)
+        except BaseException as exc:
+            # Whoever waits on this connect gets a connection error, never another caller's
+            # cancellation.
+            failure = ConnectionError(
+                f"redis connect to {self.address!r}: {type(exc).__name__}: {exc}"
+            )
+            connecting.set_exception(failure)
+            connecting.exception()  # retrieved: nobody else may be waiting
+            if isinstance(exc, OSError | TimeoutError):
+                raise failure from exc
+            raise
+        finally:
+            self._connecting = None
+        self._connection = connection
+        connecting.set_result(connection)
+        return connection
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Connection:
+        address = self.address
+        tls = ssl.create_default_context() if address.tls else None
+        connection: _Connection
+        if address.path is not None:
+            _, connection = await loop.create_unix_connection(
+                lambda: _Connection(loop), address.path
+            )
+        else:
+            _, connection = await loop.create_connection(
+                lambda: _Connection(loop), address.host, address.port, ssl=tls
+            )
+        try:
+            for frame in address.setup():
+                await connection.send(frame)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
