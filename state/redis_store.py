@@ -17,11 +17,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import RedisError
-
 from state.keys import ConversationKey
 from state.records import Record, RecordDecodeError
-from state.resp import Address, RespChannel, Script
+from state.resp import Address, RespChannel, RespError, Script
 from state.store import Committed, Held, StoreUnavailable
 
 __all__ = ["RedisStore"]
@@ -223,7 +221,7 @@ class RedisStore:
         try:
             async with asyncio.timeout(self._timeout):
                 return await make()
-        except (RedisError, TimeoutError) as exc:
+        except (RespError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def claim(self, key: ConversationKey) -> Record | None:
@@ -308,7 +306,7 @@ class RedisStore:
             # A scan is many round trips: give it more than one call's timeout.
             async with asyncio.timeout(self._timeout * 40):
                 return await scan()
-        except (RedisError, TimeoutError) as exc:
+        except (RespError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def held(self, instances: list[str], *, now: float) -> dict[str, Held]:

@@ -3,7 +3,7 @@
 redis-py's asyncio client spends about 100 µs of CPU on an ``EVALSHA`` round trip (a pooled
 connection checked out and back, command packing, a stream reader, response callbacks); a
 turn makes two. This channel writes each command as one RESP frame on a shared connection and
-parses replies with hiredis (what redis-py uses underneath), resolving callers in order:
+parses replies with hiredis (the parser redis-py uses), resolving callers in order:
 about 25 µs a call, and concurrent turns pipeline on the one socket instead of holding one
 connection each (``bench/RESULTS.md``, router overhead).
 
@@ -12,6 +12,9 @@ runs out is abandoned and its late reply discarded, so one slow reply does not f
 queued behind it. A connection that has answered nothing for ``dead_after`` while calls wait
 (a frozen or vanished server) is closed, failing what waits on it, and the next call
 reconnects. Nothing is retried except ``EVALSHA`` after ``NOSCRIPT`` (the script did not run).
+
+The router does not import redis-py: its package costs a worker ~20 MiB of RSS for the few
+lines of URL parsing and the error classes used here.
 """
 
 from __future__ import annotations
@@ -23,12 +26,37 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
-from redis.connection import SSLConnection, parse_url
-from redis.exceptions import ConnectionError, InvalidResponse, ResponseError
 
-__all__ = ["Address", "RespChannel", "Script", "pack"]
+__all__ = [
+    "Address",
+    "ReplyError",
+    "RespChannel",
+    "RespConnectionError",
+    "RespError",
+    "RespProtocolError",
+    "Script",
+    "pack",
+]
+
+
+class RespError(Exception):
+    """Any failed call."""
+
+
+class ReplyError(RespError):
+    """The server answered with an error (``NOSCRIPT``, ``NOAUTH``, a wrong command)."""
+
+
+class RespConnectionError(RespError):
+    """No connection, or it broke while the call waited."""
+
+
+class RespProtocolError(RespError):
+    """Bytes that are not RESP: the connection cannot be trusted."""
+
 
 Arg = bytes | str | int | float
 
@@ -56,15 +84,33 @@ class Address:
 
     @classmethod
     def from_url(cls, url: str) -> Address:
-        fields = parse_url(url)  # type: ignore[no-untyped-call]
+        """``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS) or
+        ``unix://[[user]:password@]/path[?db=N]``, as redis-py reads them (user and password
+        percent-decoded; ``?db=`` wins over the path's)."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"a Redis URL starts with redis://, rediss:// or unix://: {url!r}")
+        query = parse_qs(parts.query)
+        db_text = query["db"][0] if "db" in query else ""
+        if not db_text and parts.scheme != "unix":
+            db_text = parts.path.lstrip("/")
+        try:
+            db = int(db_text or 0)
+        except ValueError:
+            raise ValueError(f"the database of a Redis URL is a number: {url!r}") from None
+        username = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password is not None else None
+        if parts.scheme == "unix":
+            if not parts.path:
+                raise ValueError(f"a unix:// Redis URL needs a socket path: {url!r}")
+            return cls(path=parts.path, db=db, username=username, password=password)
         return cls(
-            host=fields.get("host") or "127.0.0.1",
-            port=int(fields.get("port") or 6379),
-            path=fields.get("path"),
-            db=int(fields.get("db") or 0),
-            username=fields.get("username"),
-            password=fields.get("password"),
-            tls=fields.get("connection_class") is SSLConnection,
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 6379,
+            db=db,
+            username=username,
+            password=password,
+            tls=parts.scheme == "rediss",
         )
 
     def setup(self) -> list[bytes]:
@@ -98,7 +144,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._reader = hiredis.Reader(protocolError=InvalidResponse, replyError=ResponseError)
+        self._reader = hiredis.Reader(protocolError=RespProtocolError, replyError=ReplyError)
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._transport: asyncio.Transport | None = None
         #: since when the oldest waiting call has seen no reply (None: nothing waits)
@@ -129,11 +175,11 @@ class _Connection(asyncio.Protocol):
         while self._waiting:
             future = self._waiting.popleft()
             if not future.done():
-                future.set_exception(ConnectionError(f"redis connection lost: {exc}"))
+                future.set_exception(RespConnectionError(f"redis connection lost: {exc}"))
 
     def send(self, frame: bytes) -> asyncio.Future[Any]:
         if self.lost or self._transport is None:
-            raise ConnectionError("redis connection closed")
+            raise RespConnectionError("redis connection closed")
         future = self._loop.create_future()
         if not self._waiting:
             self.silent_since = self._loop.time()
@@ -168,8 +214,8 @@ class RespChannel:
         self._connecting: asyncio.Future[_Connection] | None = None
 
     async def call(self, *args: Arg) -> Any:
-        """One command's reply; a reply error raises ``ResponseError``, a broken connection
-        ``ConnectionError`` (redis-py's classes)."""
+        """One command's reply; an error reply raises ``ReplyError``, a broken connection
+        ``RespConnectionError``."""
         connection = self._live()
         if connection is None:
             connection = await self._connect()
@@ -179,7 +225,7 @@ class RespChannel:
         head: list[Arg] = [len(keys), *keys, *args]
         try:
             return await self.call("EVALSHA", script.sha, *head)
-        except ResponseError as exc:
+        except ReplyError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
         return await self.call("EVAL", script.text, *head)  # runs it and caches it
@@ -217,7 +263,7 @@ class RespChannel:
         except BaseException as exc:
             # Whoever waits on this connect gets a connection error, never another caller's
             # cancellation.
-            failure = ConnectionError(
+            failure = RespConnectionError(
                 f"redis connect to {self.address!r}: {type(exc).__name__}: {exc}"
             )
             connecting.set_exception(failure)

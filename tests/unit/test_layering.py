@@ -78,3 +78,13 @@ main(["serve", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert ran.stdout.strip() == "served"
+
+
+def test_a_worker_does_not_load_redis_py() -> None:
+    # The store speaks RESP itself (state/resp.py); redis-py's package alone is ~20 MiB of a
+    # worker's resident memory. Tests and benchmarks may still use it.
+    probe = (
+        "import sys, router.asgi, router.app, state.redis_store;"
+        "assert 'redis' not in sys.modules, 'redis-py imported'"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)
