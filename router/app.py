@@ -34,6 +34,7 @@ from router.operations import (
     ready,
 )
 from router.pool import InstancePool
+from router.pressure import relieve_forever
 from router.render.choose import Renderers
 from router.services import Services, json_response
 from router.tracing import Tracing
@@ -133,6 +134,22 @@ def create_app(
         held = asyncio.create_task(
             report_held_forever(backend, decode_names, metrics_, config.held_interval)
         )
+        relief = asyncio.create_task(
+            relieve_forever(
+                backend,
+                [i for i in pool.instances if i.role == "decode"],
+                lambda instance, record: runner.release(
+                    instance.model,
+                    services.model_names.get(id(instance.model)) or "",
+                    record.handle,
+                ),
+                metrics_,
+                high_water=config.decode_kv_high_water,
+                low_water=config.decode_kv_low_water,
+                interval=config.health_interval,
+                clock=clock,
+            )
+        )
         trim_heap()  # what startup parsed and dropped (the tokenizer's files)
         try:
             yield
@@ -143,6 +160,7 @@ def create_app(
                 await asyncio.sleep(0.05)
             discovery.cancel()
             held.cancel()
+            relief.cancel()
             renderers.stop()
             await kv.stop()
             await runner.drain_background()

@@ -97,6 +97,13 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, help="TCP connect to an engine (default 2 s)")
     p.add_argument("--health-interval", type=float)
     p.add_argument("--held-interval", type=float, help="reads of handles held per decode (10 s)")
+    p.add_argument(
+        "--decode-kv-high-water",
+        type=float,
+        help="KV cache use of a decode instance (0-1) at which its oldest handles are given "
+        "back; above 1 never",
+    )
+    p.add_argument("--decode-kv-low-water", type=float, help="what giving back aims for (0-1)")
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--max-messages", type=int)
     p.add_argument("--admin-key", help="bearer key for /admin/* (prefer CARRYOVER_ADMIN_KEY)")
@@ -159,6 +166,8 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         ("store_timeout", args.store_timeout, "STORE_TIMEOUT", float),
         ("health_interval", args.health_interval, "HEALTH_INTERVAL", float),
         ("held_interval", args.held_interval, "HELD_INTERVAL", float),
+        ("decode_kv_high_water", args.decode_kv_high_water, "DECODE_KV_HIGH_WATER", float),
+        ("decode_kv_low_water", args.decode_kv_low_water, "DECODE_KV_LOW_WATER", float),
         ("max_body_bytes", args.max_body_bytes, "MAX_BODY_BYTES", int),
         ("max_messages", args.max_messages, "MAX_MESSAGES", int),
         ("affinity_slack", args.affinity_slack, "AFFINITY_SLACK", int),

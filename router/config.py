@@ -183,6 +183,11 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         health_interval: seconds between health and load probes of each instance.
         held_interval: seconds between reads of the handles each decode instance holds (the
             ``carryover_decode_handles*`` gauges).
+        decode_kv_high_water: a decode instance's KV cache use (``vllm:kv_cache_usage_perc``,
+            pinned turns included) at which the router gives back the oldest handles stored
+            for it, so pinned turns cannot starve running requests of blocks
+            (router/pressure.py); checked at every load probe; above 1 turns this off.
+        decode_kv_low_water: the use that giving back aims for.
         breaker_failures: consecutive failures that open an instance's circuit.
         breaker_reset: seconds an open circuit waits before one trial request.
         affinity_slack: how much busier (in-flight requests) the instance holding most of the
@@ -212,6 +217,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     timeouts: Timeouts = Timeouts()
     health_interval: float = 1.0
     held_interval: float = 10.0
+    decode_kv_high_water: float = 0.9
+    decode_kv_low_water: float = 0.75
     breaker_failures: int = 3
     breaker_reset: float = 5.0
     affinity_slack: int = 4
@@ -237,5 +244,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("with several models, each needs a name")
         if self.affinity_slack < 0 or self.affinity_tokens_per_load < 0:
             raise ConfigError("affinity_slack and affinity_tokens_per_load must be 0 or more")
+        if not 0 < self.decode_kv_low_water < self.decode_kv_high_water:
+            raise ConfigError("decode_kv_low_water must be above 0 and below decode_kv_high_water")
         if self.max_body_bytes <= 0 or self.max_messages <= 0:
             raise ConfigError("max_body_bytes and max_messages must be positive")

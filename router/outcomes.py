@@ -40,6 +40,8 @@ class ReleaseCause(StrEnum):
     REUSE_DISABLED = "reuse_disabled"
     # DELETE ended the conversation while this turn ran.
     CONVERSATION_ENDED = "conversation_ended"
+    # D's KV cache ran full of pinned turns: the oldest handles there were given back.
+    DECODE_PRESSURE = "decode_pressure"
     # The client left before its claimed handle was sent to P.
     CLIENT_GONE = "client_gone"
     # P answered the request that carried the handle with a 4xx: it never ran it.

@@ -117,6 +117,15 @@ class MemoryStore:
             )
         return {name: Held(counts[name], oldest.get(name), expired[name]) for name in instances}
 
+    async def claim_oldest(self, instance: str, count: int, *, now: float) -> list[Record]:
+        held = [
+            (record.created_at, key)
+            for key, record in self._records.items()
+            if record.decode == instance and not record.expired(now)
+        ]
+        held.sort(key=lambda pair: pair[0])
+        return [self._records.pop(key) for _, key in held[:count]]
+
     async def ping(self) -> None:
         return None
 

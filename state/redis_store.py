@@ -134,6 +134,37 @@ return out
 )
 
 
+# KEYS[1] the held-since set of one instance; ARGV[2] how many; ARGV[3] now. Claims the oldest
+# live records that instance holds (each as the claim script does); entries whose record is
+# gone or expired are dropped on the way, and expired ones counted as the held script would.
+_CLAIM_OLDEST = Script(
+    _LUA_HELPERS
+    + """
+local out = {}
+local budget = tonumber(ARGV[2])
+local seen = 0
+while #out < budget and seen < budget * 4 do
+  local entries = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
+  if #entries == 0 then break end
+  for _, key in ipairs(entries) do
+    seen = seen + 1
+    local value = redis.call('GET', key)
+    if value then
+      redis.call('DEL', key)
+      unhold(value, key)
+      table.insert(out, value)
+      if #out >= budget then break end
+    else
+      -- the record expired unclaimed: leave its expiry entry for the held script to count
+      redis.call('ZREM', KEYS[1], key)
+    end
+  end
+end
+return out
+"""
+)
+
+
 # KEYS[1] epoch counter, KEYS[2] the identity it counts; ARGV[1] the identity observed. One
 # bump per new identity, whichever replica reports it first.
 _OBSERVE = Script(
@@ -327,6 +358,18 @@ class RedisStore:
             count, oldest, expired = answer[3 * i : 3 * i + 3]
             result[name] = Held(int(count), float(oldest) if oldest else None, int(expired))
         return result
+
+    async def claim_oldest(self, instance: str, count: int, *, now: float) -> list[Record]:
+        if count <= 0:
+            return []
+        values = await self._call(
+            lambda: self._channel.evalsha(
+                _CLAIM_OLDEST,
+                [f"{self._held_prefix}-since:{instance}"],
+                [self._held_prefix, count, repr(now)],
+            )
+        )
+        return [record for value in values if (record := _decode(value)) is not None]
 
     async def ping(self) -> None:
         await self._call(lambda: self._channel.call("PING"))

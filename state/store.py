@@ -102,6 +102,12 @@ class Store(Protocol):
         """Live (unexpired, unclaimed) records by the decode instance holding their blocks."""
         ...
 
+    async def claim_oldest(self, instance: str, count: int, *, now: float) -> list[Record]:
+        """Claim (as :meth:`claim` does: each at most once, fleet-wide) up to ``count`` of the
+        live records whose blocks ``instance`` holds, oldest first: what the router gives
+        back when that decode instance runs short of KV blocks."""
+        ...
+
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` if the store cannot answer."""
         ...

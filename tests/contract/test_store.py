@@ -7,6 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from state import Committed, ConversationKey, Held, MemoryStore, RedisStore, Store
@@ -209,3 +210,46 @@ async def test_a_burst_of_turns_pipelines_and_each_gets_its_own_reply(
         assert [r.turn if r else None for r in claimed] == list(range(1, 201))
     finally:
         await store.close()
+
+
+async def test_claim_oldest_takes_the_oldest_live_records_of_one_instance_once(
+    store: Store,
+) -> None:
+    now = time.time()
+    for i in range(6):  # c0 oldest ... c5 newest on d0; one on d1; one about to expire
+        record = msgspec.structs.replace(make_record(i + 1, decode="d0"), created_at=now - 60 + i)
+        await store.commit(key(f"c{i}"), record, now=now)
+    await store.commit(key("other"), make_record(1, decode="d1"), now=now)
+    await store.commit(key("gone"), make_record(1, decode="d0", ttl=0.2), now=now)
+    await asyncio.sleep(0.3)  # lets "gone" expire (a TTL, not synchronization)
+
+    first = await store.claim_oldest("d0", 2, now=time.time())
+    assert [r.turn for r in first] == [1, 2]
+    # claimed as claim() does: gone for everyone, no longer counted as held
+    assert await store.claim(key("c0")) is None
+    second = await store.claim_oldest("d0", 10, now=time.time())
+    assert [r.turn for r in second] == [3, 4, 5, 6]
+    assert await store.claim_oldest("d0", 10, now=time.time()) == []
+    held = await store.held(["d0", "d1"], now=time.time())
+    assert (held["d0"].count, held["d1"].count) == (0, 1)
+    assert held["d0"].expired == 1  # the expired one is still counted, once
+    assert await store.claim(key("other")) is not None
+
+
+async def test_two_replicas_relieving_one_instance_never_take_a_record_twice(
+    redis_server: RedisServer,
+) -> None:
+    namespace = f"t{uuid.uuid4().hex}"
+    a = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
+    b = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
+    try:
+        for i in range(40):
+            await a.commit(key(f"c{i}"), make_record(i + 1, decode="d0"), now=time.time())
+        taken = await asyncio.gather(
+            *(s.claim_oldest("d0", 7, now=time.time()) for s in (a, b, a, b, a, b, a))
+        )
+        turns = [r.turn for batch in taken for r in batch]
+        assert sorted(turns) == list(range(1, 41))
+    finally:
+        await a.close()
+        await b.close()

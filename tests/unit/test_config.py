@@ -60,3 +60,27 @@ def test_affinity_settings_come_from_flags_env_and_file(tmp_path: Path) -> None:
     assert (config.affinity_slack, config.affinity_tokens_per_load) == (2, 64)
     with pytest.raises(ConfigError):
         load_config(["--decode", "http://d:1", "--affinity-slack", "-1"], environ={})
+
+
+def test_decode_kv_marks_come_from_flags_and_env_and_must_be_ordered() -> None:
+    config = load_config(["--decode", "http://d:1"], environ={})
+    assert (config.decode_kv_high_water, config.decode_kv_low_water) == (0.9, 0.75)
+    config = load_config(
+        ["--decode", "http://d:1", "--decode-kv-high-water", "0.8"],
+        environ={"CARRYOVER_DECODE_KV_LOW_WATER": "0.5"},
+    )
+    assert (config.decode_kv_high_water, config.decode_kv_low_water) == (0.8, 0.5)
+    assert load_config(["--decode", "http://d:1", "--decode-kv-high-water", "2"], environ={})
+    for high, low in (("0.5", "0.6"), ("0.9", "0")):
+        with pytest.raises(ConfigError):
+            load_config(
+                [
+                    "--decode",
+                    "http://d:1",
+                    "--decode-kv-high-water",
+                    high,
+                    "--decode-kv-low-water",
+                    low,
+                ],
+                environ={},
+            )

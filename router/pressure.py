@@ -1,0 +1,118 @@
+"""Giving back a decode instance's oldest handles when its KV cache runs full.
+
+D pins every finished turn's blocks for ``decoder_kv_blocks_ttl`` and cannot evict them; its
+``vllm:kv_cache_usage_perc`` counts them. Once pins fill the cache, running requests wait for
+blocks until some pin's TTL runs out: with 1,000 live conversations a soak saw turns stall for
+up to 35 s behind a full D. So when a D's usage reaches ``high_water``, the router claims the
+oldest handles stored for it (the conversations least likely to come back soon) and releases
+them through P, as a DELETE does, until what it expects to free brings usage to ``low_water``.
+A released conversation's next turn is cold; nothing is ever sent twice (claims are atomic,
+also between replicas, which each relieve on their own and may together give back more than
+one of them would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+
+from router.metrics import RouterMetrics
+from router.outcomes import ReleaseCause
+from router.pool import Instance
+from state import Record, Store, StoreUnavailable
+
+__all__ = ["relieve", "relieve_forever", "share_to_release"]
+
+log = logging.getLogger("carryover.pressure")
+
+Release = Callable[[Instance, Record], Awaitable[bool]]
+
+_RELEASES_AT_ONCE = 16  # one-token P requests: a burst of them must not crowd out turns
+
+
+def share_to_release(usage: float, held: int, *, high_water: float, low_water: float) -> int:
+    """How many of ``held`` handles to give back at ``usage`` (fraction of the KV cache in
+    use): none below ``high_water``; else the share of them whose blocks are the excess over
+    ``low_water``, taking the held handles as what fills the cache (at least one)."""
+    if held <= 0 or usage < high_water or usage <= 0:
+        return 0
+    share = (usage - low_water) / usage
+    return min(held, max(1, math.ceil(held * share)))
+
+
+async def relieve(
+    store: Store,
+    decodes: Iterable[Instance],
+    release: Release,
+    metrics: RouterMetrics,
+    *,
+    high_water: float,
+    low_water: float,
+    now: float,
+) -> int:
+    """One pass: the decode instances at or above ``high_water`` (their usage as last probed)
+    give back their oldest handles. Returns how many were given back."""
+    pressured = [i for i in decodes if i.kv_usage >= high_water]
+    if not pressured:
+        return 0
+    held = await store.held([i.name for i in pressured], now=now)
+    gate = asyncio.Semaphore(_RELEASES_AT_ONCE)
+
+    async def give_back(instance: Instance, record: Record) -> None:
+        async with gate:
+            await release(instance, record)
+
+    given_back = 0
+    for instance in pressured:
+        stats = held[instance.name]
+        # held() drops what expired unclaimed and counts it once: keep that count.
+        metrics.held_expired.labels(instance.name).inc(stats.expired)
+        count = share_to_release(
+            instance.kv_usage, stats.count, high_water=high_water, low_water=low_water
+        )
+        if count == 0:
+            continue
+        records = await store.claim_oldest(instance.name, count, now=now)
+        metrics.releases.labels(ReleaseCause.DECODE_PRESSURE).inc(len(records))
+        await asyncio.gather(*(give_back(instance, r) for r in records))
+        given_back += len(records)
+        log.info(
+            "decode KV at %.0f%%: gave back %d of its %d held handles, oldest first",
+            100 * instance.kv_usage,
+            len(records),
+            stats.count,
+            extra={"instance": instance.name},
+        )
+    return given_back
+
+
+async def relieve_forever(
+    store: Store,
+    decodes: list[Instance],
+    release: Release,
+    metrics: RouterMetrics,
+    *,
+    high_water: float,
+    low_water: float,
+    interval: float,
+    clock: Callable[[], float],
+) -> None:
+    """A pass every ``interval`` (the load probes' cadence: usage is as fresh as that). A pass
+    that finds no instance above the mark costs nothing but the check."""
+    while True:
+        try:
+            await relieve(
+                store,
+                decodes,
+                release,
+                metrics,
+                high_water=high_water,
+                low_water=low_water,
+                now=clock(),
+            )
+        except StoreUnavailable as exc:
+            metrics.store_errors.labels("relieve").inc()
+            log.debug("no handles given back: %s", exc)
+        await asyncio.sleep(interval)

@@ -1,0 +1,66 @@
+"""A decode instance whose KV cache fills with pinned turns gets its oldest handles back."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from tests.e2e.test_failures import Chat, router_counter
+from tests.support.metrics import ascrape
+from tests.support.stack import Stack, stack
+from tests.support.waiting import eventually
+
+ADMIN = {"authorization": "Bearer admin-key"}
+HIGH, LOW = 0.6, 0.3
+
+
+async def _stored(s: Stack, chats: list[Chat]) -> list[bool]:
+    found = []
+    for chat in chats:
+        r = await s.client.get(f"{s.router.url}/admin/conversations/{chat.id}", headers=ADMIN)
+        assert r.status_code in (200, 404), r.text
+        found.append(r.status_code == 200)
+    return found
+
+
+async def _decode_usage(s: Stack) -> float:
+    metrics = await ascrape(s.client, s.decode[0].url)
+    return next(v for k, v in metrics.items() if k.startswith("vllm:kv_cache_usage_perc"))
+
+
+async def test_a_full_decode_gives_back_its_oldest_handles(tmp_path: Path) -> None:
+    flags = (
+        "--admin-key",
+        "admin-key",
+        "--health-interval",
+        "0.2",
+        "--decode-kv-high-water",
+        str(HIGH),
+        "--decode-kv-low-water",
+        str(LOW),
+    )
+    # 32 blocks of 16 tokens: each one-turn conversation pins three or four of them.
+    async with stack(
+        tmp_path, router_flags=flags, sim={"threshold": 16}, d_sim={"num_blocks": 32}
+    ) as s:
+        chats = [Chat(s, f"pressure-{i}-{uuid.uuid4().hex[:6]}") for i in range(8)]
+        for chat in chats:
+            assert await chat.turn() == "cold-miss"
+
+        await eventually(
+            lambda: router_counter(s, "carryover_handles_released_total{cause=decode_pressure}"),
+            lambda n: n > 0,
+            what="the router giving back handles of the full decode instance",
+        )
+        usage = await eventually(
+            lambda: _decode_usage(s), lambda u: u < HIGH, what="D's KV use below the mark"
+        )
+        assert usage < HIGH
+        stored = await _stored(s, chats)
+        # Oldest first: what is gone is a prefix of the conversations in the order they
+        # started, and the newest one is kept.
+        kept_from = stored.index(True)
+        assert kept_from > 0 and all(stored[kept_from:]), stored
+        # A conversation given back starts over cold (and right); a kept one reuses.
+        assert await chats[0].turn() == "cold-miss"
+        assert await chats[-1].turn() == "reuse"
