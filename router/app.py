@@ -9,9 +9,8 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 
@@ -42,6 +41,9 @@ from router.turn import TurnRunner
 from router.turn.services import Planner
 from router.upstream import Upstream
 from state import MemoryStore, RedisStore, Store, plan
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Services", "create_app"]
 

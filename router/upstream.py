@@ -14,15 +14,17 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import msgspec
 
 from router.config import Timeouts
 from router.errors import EngineFailed, EngineTimeout
 from router.h1 import H1Wire
-from router.wire import HttpxWire, Wire, WireResponse
+from router.wire import Wire, WireResponse
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Fetched", "Upstream", "iter_sse"]
 
@@ -68,11 +70,13 @@ class Upstream:
         self, timeouts: Timeouts, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self.timeouts = timeouts
-        self._wire: Wire = (
-            HttpxWire(transport, timeouts)
-            if transport is not None
-            else H1Wire(connect_timeout=timeouts.connect, keepalive=timeouts.keepalive)
-        )
+        self._wire: Wire
+        if transport is not None:  # in-process fakes only: the serving path never loads httpx
+            from router.wire_httpx import HttpxWire
+
+            self._wire = HttpxWire(transport, timeouts)
+        else:
+            self._wire = H1Wire(connect_timeout=timeouts.connect, keepalive=timeouts.keepalive)
 
     async def aclose(self) -> None:
         await self._wire.aclose()

@@ -3,8 +3,9 @@ transport error mapped to the router's vocabulary (``router/errors.py``) where i
 
 Two wires, one contract. ``H1Wire`` (``router/h1.py``) is the production path: pooled
 keep-alive HTTP/1.1 connections to every instance and nothing per request beyond the bytes.
-``HttpxWire`` runs any httpx transport, which is how the in-process tests put fake engines on
-this seam (``tests/unit/router/fakes.py``). The classification is the same:
+``HttpxWire`` (``router/wire_httpx.py``) runs any httpx transport, which is how the in-process
+tests put fake engines on this seam (``tests/unit/router/fakes.py``); the serving process never
+imports it (httpx is ~10 MiB of a worker's RSS). The classification is the same:
 a connection that could not be made, or not in time, means the request was never sent
 (``EngineUnavailable``: it may go again); a read that stalls is ``EngineTimeout``; anything
 that breaks a started exchange is ``EngineFailed``.
@@ -15,12 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
-import httpx
-
-from router.config import Timeouts
-from router.errors import EngineFailed, EngineTimeout, EngineUnavailable, UpstreamError
-
-__all__ = ["HttpxWire", "Wire", "WireResponse"]
+__all__ = ["Wire", "WireResponse"]
 
 
 class WireResponse(Protocol):
@@ -46,70 +42,3 @@ class Wire(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-# -- httpx -----------------------------------------------------------------------------------
-
-
-def _httpx_error(exc: httpx.TransportError, what: str) -> UpstreamError:
-    if isinstance(exc, httpx.ConnectError):
-        return EngineUnavailable(f"cannot connect to {what}")
-    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-        return EngineUnavailable(f"cannot connect to {what} in time")
-    if isinstance(exc, httpx.TimeoutException):
-        return EngineTimeout(f"{what} timed out: {exc}")
-    return EngineFailed(f"{what} broke off: {type(exc).__name__}")
-
-
-class _HttpxResponse:
-    __slots__ = ("_response", "_what", "status")
-
-    def __init__(self, response: httpx.Response, what: str) -> None:
-        self._response = response
-        self._what = what
-        self.status = response.status_code
-
-    async def read(self) -> bytes:
-        try:
-            return await self._response.aread()
-        except httpx.TransportError as exc:
-            raise _httpx_error(exc, self._what) from exc
-        finally:
-            await self._response.aclose()
-
-    async def lines(self) -> AsyncIterator[str]:
-        try:
-            async for line in self._response.aiter_lines():
-                yield line
-        except httpx.TransportError as exc:
-            raise _httpx_error(exc, self._what) from exc
-
-    async def close(self) -> None:
-        await self._response.aclose()
-
-
-class HttpxWire:
-    def __init__(self, transport: httpx.AsyncBaseTransport, timeouts: Timeouts) -> None:
-        self._transport = transport
-        self._timeout = {
-            "connect": timeouts.connect,
-            "read": timeouts.request,
-            "write": timeouts.request,
-            "pool": timeouts.connect,
-        }
-
-    async def send(
-        self, method: str, url: str, content: bytes | None, headers: Mapping[str, str], what: str
-    ) -> WireResponse:
-        request = httpx.Request(
-            method, url, content=content, headers=headers, extensions={"timeout": self._timeout}
-        )
-        try:
-            response = await self._transport.handle_async_request(request)
-        except httpx.TransportError as exc:
-            raise _httpx_error(exc, what) from exc
-        response.request = request
-        return _HttpxResponse(response, what)
-
-    async def aclose(self) -> None:
-        await self._transport.aclose()

@@ -80,11 +80,13 @@ main(["serve", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:
     assert ran.stdout.strip() == "served"
 
 
-def test_a_worker_does_not_load_redis_py() -> None:
-    # The store speaks RESP itself (state/resp.py); redis-py's package alone is ~20 MiB of a
-    # worker's resident memory. Tests and benchmarks may still use it.
+def test_a_worker_loads_neither_redis_py_nor_httpx() -> None:
+    # The store speaks RESP itself (state/resp.py) and engine calls go over router/h1.py:
+    # redis-py's package alone is ~20 MiB of a worker's resident memory, httpx ~10. Tests,
+    # benchmarks and the in-process fakes (router/wire_httpx.py) may still use them.
     probe = (
-        "import sys, router.asgi, router.app, state.redis_store;"
-        "assert 'redis' not in sys.modules, 'redis-py imported'"
+        "import sys, router.asgi, router.app, router.upstream, state.redis_store;"
+        "loaded = {'redis', 'httpx'} & set(sys.modules);"
+        "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)

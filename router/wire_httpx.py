@@ -1,0 +1,77 @@
+"""``Wire`` over any httpx transport: the in-process tests' fake engines (router/wire.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+
+from router.config import Timeouts
+from router.errors import EngineFailed, EngineTimeout, EngineUnavailable, UpstreamError
+from router.wire import WireResponse
+
+__all__ = ["HttpxWire"]
+
+
+def _httpx_error(exc: httpx.TransportError, what: str) -> UpstreamError:
+    if isinstance(exc, httpx.ConnectError):
+        return EngineUnavailable(f"cannot connect to {what}")
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return EngineUnavailable(f"cannot connect to {what} in time")
+    if isinstance(exc, httpx.TimeoutException):
+        return EngineTimeout(f"{what} timed out: {exc}")
+    return EngineFailed(f"{what} broke off: {type(exc).__name__}")
+
+
+class _HttpxResponse:
+    __slots__ = ("_response", "_what", "status")
+
+    def __init__(self, response: httpx.Response, what: str) -> None:
+        self._response = response
+        self._what = what
+        self.status = response.status_code
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.aread()
+        except httpx.TransportError as exc:
+            raise _httpx_error(exc, self._what) from exc
+        finally:
+            await self._response.aclose()
+
+    async def lines(self) -> AsyncIterator[str]:
+        try:
+            async for line in self._response.aiter_lines():
+                yield line
+        except httpx.TransportError as exc:
+            raise _httpx_error(exc, self._what) from exc
+
+    async def close(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxWire:
+    def __init__(self, transport: httpx.AsyncBaseTransport, timeouts: Timeouts) -> None:
+        self._transport = transport
+        self._timeout = {
+            "connect": timeouts.connect,
+            "read": timeouts.request,
+            "write": timeouts.request,
+            "pool": timeouts.connect,
+        }
+
+    async def send(
+        self, method: str, url: str, content: bytes | None, headers: Mapping[str, str], what: str
+    ) -> WireResponse:
+        request = httpx.Request(
+            method, url, content=content, headers=headers, extensions={"timeout": self._timeout}
+        )
+        try:
+            response = await self._transport.handle_async_request(request)
+        except httpx.TransportError as exc:
+            raise _httpx_error(exc, what) from exc
+        response.request = request
+        return _HttpxResponse(response, what)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
