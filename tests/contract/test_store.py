@@ -128,25 +128,30 @@ async def test_epochs(store: Store) -> None:
     assert await store.epochs([]) == {}
 
 
-async def test_two_routers_racing_commits_end_with_the_later_turn(
-    redis_server: RedisServer,
-) -> None:
+@pytest.fixture
+async def replicas(redis_server: RedisServer) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
+    """Two routers' stores on one Redis namespace."""
     namespace = f"t{uuid.uuid4().hex}"
     a = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
     b = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
-    try:
-        for round_ in range(20):
-            k = key(f"race{round_}")
-            first, second = (a, b) if round_ % 2 else (b, a)
-            await asyncio.gather(
-                first.commit(k, make_record(4), now=time.time()),
-                second.commit(k, make_record(3), now=time.time()),
-            )
-            got = await a.get(k)
-            assert got is not None and got.turn == 4
-    finally:
-        await a.close()
-        await b.close()
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+async def test_two_routers_racing_commits_end_with_the_later_turn(
+    replicas: tuple[RedisStore, RedisStore],
+) -> None:
+    a, b = replicas
+    for round_ in range(20):
+        k = key(f"race{round_}")
+        first, second = (a, b) if round_ % 2 else (b, a)
+        await asyncio.gather(
+            first.commit(k, make_record(4), now=time.time()),
+            second.commit(k, make_record(3), now=time.time()),
+        )
+        got = await a.get(k)
+        assert got is not None and got.turn == 4
 
 
 async def test_held_handles_follow_commits_claims_overwrites_and_expiry(store: Store) -> None:
@@ -237,19 +242,13 @@ async def test_claim_oldest_takes_the_oldest_live_records_of_one_instance_once(
 
 
 async def test_two_replicas_relieving_one_instance_never_take_a_record_twice(
-    redis_server: RedisServer,
+    replicas: tuple[RedisStore, RedisStore],
 ) -> None:
-    namespace = f"t{uuid.uuid4().hex}"
-    a = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
-    b = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
-    try:
-        for i in range(40):
-            await a.commit(key(f"c{i}"), make_record(i + 1, decode="d0"), now=time.time())
-        taken = await asyncio.gather(
-            *(s.claim_oldest("d0", 7, now=time.time()) for s in (a, b, a, b, a, b, a))
-        )
-        turns = [r.turn for batch in taken for r in batch]
-        assert sorted(turns) == list(range(1, 41))
-    finally:
-        await a.close()
-        await b.close()
+    a, b = replicas
+    for i in range(40):
+        await a.commit(key(f"c{i}"), make_record(i + 1, decode="d0"), now=time.time())
+    taken = await asyncio.gather(
+        *(s.claim_oldest("d0", 7, now=time.time()) for s in (a, b, a, b, a, b, a))
+    )
+    turns = [r.turn for batch in taken for r in batch]
+    assert sorted(turns) == list(range(1, 41))
