@@ -134,7 +134,7 @@ return out
 )
 
 
-# KEYS[1] the held-since set of one instance; ARGV[2] how many; ARGV[3] now. Claims the oldest
+# KEYS[1] the held-since set of one instance; ARGV[2] how many. Claims the oldest
 # live records that instance holds (each as the claim script does); entries whose record is
 # gone or expired are dropped on the way, and expired ones counted as the held script would.
 _CLAIM_OLDEST = Script(
@@ -240,6 +240,10 @@ class RedisStore:
     @property
     def _held_prefix(self) -> str:
         return f"{self._namespace}-held"
+
+    def _held_since_key(self, instance: str) -> str:
+        """The instance's held records scored by creation time (oldest first)."""
+        return f"{self._held_prefix}-since:{instance}"
 
     def _ended_key(self, key: ConversationKey) -> str:
         """The mark of a conversation ended by DELETE (outside the records' key space)."""
@@ -347,7 +351,7 @@ class RedisStore:
         for name in instances:
             keys += [
                 f"{self._held_prefix}:{name}",
-                f"{self._held_prefix}-since:{name}",
+                self._held_since_key(name),
                 f"{self._held_prefix}-expired:{name}",
             ]
         answer = await self._call(
@@ -365,8 +369,8 @@ class RedisStore:
         values = await self._call(
             lambda: self._channel.evalsha(
                 _CLAIM_OLDEST,
-                [f"{self._held_prefix}-since:{instance}"],
-                [self._held_prefix, count, repr(now)],
+                [self._held_since_key(instance)],
+                [self._held_prefix, count],
             )
         )
         return [record for value in values if (record := _decode(value)) is not None]

@@ -24,7 +24,7 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -133,10 +133,10 @@ class Script:
     """A Lua script called by its SHA1, loaded on the first ``NOSCRIPT``."""
 
     text: str
+    sha: str = field(init=False)  # hashed once: every call sends it
 
-    @property
-    def sha(self) -> str:
-        return hashlib.sha1(self.text.encode()).hexdigest()
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())
 
 
 class _Connection(asyncio.Protocol):

@@ -13,6 +13,7 @@ import pytest
 from state import Committed, ConversationKey, Held, MemoryStore, RedisStore, Store
 from tests.support.records import make_record
 from tests.support.redis_server import RedisServer
+from tests.support.waiting import eventually
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -226,7 +227,9 @@ async def test_claim_oldest_takes_the_oldest_live_records_of_one_instance_once(
         await store.commit(key(f"c{i}"), record, now=now)
     await store.commit(key("other"), make_record(1, decode="d1"), now=now)
     await store.commit(key("gone"), make_record(1, decode="d0", ttl=0.2), now=now)
-    await asyncio.sleep(0.3)  # lets "gone" expire (a TTL, not synchronization)
+    await eventually(
+        lambda: store.get(key("gone")), lambda r: r is None, what="the short-lived record expiring"
+    )
 
     first = await store.claim_oldest("d0", 2, now=time.time())
     assert [r.turn for r in first] == [1, 2]
