@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 import random
@@ -36,6 +37,7 @@ from router.pool import InstancePool
 from router.pressure import relieve_forever
 from router.render.choose import Renderers
 from router.services import Services, json_response
+from router.tokens.check import TokensCheck, keep_checking
 from router.tracing import Tracing
 from router.turn import TurnRunner
 from router.turn.services import Planner
@@ -101,6 +103,7 @@ def create_app(
         pool = InstancePool(config, upstream, backend, metrics_)
         renderers = Renderers(config, upstream, metrics_)
         kv = KvEvents(config, KvMetrics(metrics_.registry))
+        tokens_checks = {id(m): TokensCheck() for m in config.models if m.tokens_only}
         runner = TurnRunner(
             config,
             pool,
@@ -112,6 +115,7 @@ def create_app(
             clock=clock,
             planner=chosen_planner,
             kv=kv,
+            tokens_checks=tokens_checks,
         )
         services = Services(
             config=config,
@@ -125,6 +129,7 @@ def create_app(
             tracing=Tracing.from_environment(),
             clock=clock,
             kv=kv,
+            tokens_checks=tokens_checks,
         )
         app.state.services = services
         kv.start()
@@ -152,6 +157,20 @@ def create_app(
                 clock=clock,
             )
         )
+        checking = [
+            asyncio.create_task(
+                keep_checking(
+                    tokens_checks[id(model)],
+                    runner.render_server(model),
+                    model,
+                    functools.partial(services.model_names.get, id(model)),
+                    retry=config.health_interval,
+                    interval=60.0,
+                )
+            )
+            for model in config.models
+            if model.tokens_only
+        ]
         trim_heap()  # what startup parsed and dropped (the tokenizer's files)
         try:
             yield
@@ -161,6 +180,8 @@ def create_app(
             while services.in_flight and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             discovery.cancel()
+            for task in checking:
+                task.cancel()
             held.cancel()
             relief.cancel()
             renderers.stop()

@@ -54,6 +54,20 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--render-local", metavar="DIR", nargs="?", const="", help="render in process, unchecked"
     )
     p.add_argument("--tokenizer", metavar="DIR", help="tokenizer and chat template files")
+    p.add_argument("--render-timeout", type=float, help="one render or derender call (default 5)")
+    p.add_argument(
+        "--engine-api",
+        choices=("openai", "tokens"),
+        help="openai (default) or tokens: --tokens-only engines behind a render server (--render)",
+    )
+    p.add_argument("--reasoning-parser", help="the render server's --reasoning-parser (tokens)")
+    p.add_argument("--tool-call-parser", help="the render server's --tool-call-parser (tokens)")
+    p.add_argument(
+        "--stream-tokens", type=int, help="tokens: derender a stream this many tokens at a time"
+    )
+    p.add_argument(
+        "--stream-interval", type=float, help="tokens: and at least every this many seconds"
+    )
     p.add_argument("--redis", metavar="URL", help="shared state (default: in-process)")
     p.add_argument("--block-size", type=int)
     p.add_argument("--decoder-kv-blocks-ttl", type=float)
@@ -228,8 +242,20 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             "decode_local_max_tokens": pick(
                 args.decode_local_max_tokens, "DECODE_LOCAL_MAX_TOKENS", int
             ),
+            "engine_api": pick(args.engine_api, "ENGINE_API"),
         }
         model.update({k: v for k, v in overrides.items() if v is not None})
+        tokens = dict(model.get("tokens", {}))
+        for key, value in (
+            ("reasoning_parser", pick(args.reasoning_parser, "REASONING_PARSER")),
+            ("tool_call_parser", pick(args.tool_call_parser, "TOOL_CALL_PARSER")),
+            ("stream_tokens", pick(args.stream_tokens, "STREAM_TOKENS", int)),
+            ("stream_interval", pick(args.stream_interval, "STREAM_INTERVAL", float)),
+        ):
+            if value is not None:
+                tokens[key] = value
+        if tokens:
+            model["tokens"] = tokens
         render = dict(model.get("render", {}))
         render_url = pick(args.render, "RENDER")
         backend = pick(args.render_backend, "RENDER_BACKEND")
@@ -242,6 +268,9 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             render["backend"] = backend
         if tokenizer is not None:
             render["path"] = tokenizer
+        render_timeout = pick(args.render_timeout, "RENDER_TIMEOUT", float)
+        if render_timeout is not None:
+            render["timeout"] = render_timeout
         if render:
             model["render"] = render
         if args.no_partial_reuse:

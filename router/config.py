@@ -18,6 +18,7 @@ __all__ = [
     "RenderConfig",
     "RouterConfig",
     "Timeouts",
+    "TokensConfig",
 ]
 
 #: The environment variable ``carryover serve`` passes the config to its granian workers in
@@ -92,6 +93,32 @@ class RenderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("render.backend 'server' requires render.url")
 
 
+class TokensConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The tokens-only pipeline of a model whose ``engine_api`` is ``tokens``
+    (docs/tokens-pipeline.md): engines started with ``--tokens-only`` see only token ids, a
+    vLLM render server (``render.url``) renders prompts and derenders answers.
+
+    Attributes:
+        reasoning_parser: the render server's ``--reasoning-parser`` (``None``: none); checked
+            against what the server does at startup, because a different parser splits
+            content and reasoning differently without any error.
+        tool_call_parser: its ``--tool-call-parser`` (``None``: none), checked the same way.
+        stream_tokens: a streamed answer's tokens are derendered in batches of at most this
+            many (one render-server call per batch, not per token; the first token is never
+            held back).
+        stream_interval: and at least every this many seconds while tokens wait.
+    """
+
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    stream_tokens: int = 8
+    stream_interval: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.stream_tokens < 1 or self.stream_interval < 0:
+            raise ConfigError("tokens.stream_tokens must be 1 or more, stream_interval 0 or more")
+
+
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One served model and its P/D instances.
 
@@ -112,6 +139,10 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             compute the whole prompt (slower first token, still a handle for the next turn);
             ``"fail"`` answers 503 at once, for fleets where a D busy prefilling would hurt
             every stream it decodes more than a refused request hurts one client.
+        engine_api: ``openai`` (engines serve ``/v1/chat/completions``; the default) or
+            ``tokens`` (engines started with ``--tokens-only`` serve
+            ``/inference/v1/generate``; the render server at ``render.url`` renders and
+            derenders; settings in ``tokens``).
     """
 
     prefill: list[InstanceConfig]
@@ -126,6 +157,12 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     reuse: bool = True
     when_prefill_down: Literal["decode-alone", "fail"] = "decode-alone"
     decode_local_max_tokens: int = 0
+    engine_api: Literal["openai", "tokens"] = "openai"
+    tokens: TokensConfig = TokensConfig()
+
+    @property
+    def tokens_only(self) -> bool:
+        return self.engine_api == "tokens"
 
     @property
     def record_ttl(self) -> float:
@@ -140,6 +177,11 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             )
         if self.block_size <= 0:
             raise ConfigError("block_size must be positive")
+        if self.tokens_only and not self.render.url:
+            raise ConfigError(
+                "engine_api 'tokens' needs a render server (render.url, --render URL): "
+                "tokens-only engines neither render prompts nor derender answers"
+            )
         names = [i.label for i in (*self.prefill, *self.decode)]
         if len(set(names)) != len(names):
             raise ConfigError("instance names must be unique within a model")

@@ -41,6 +41,7 @@ __all__ = [
     "UpstreamError",
     "error_body",
     "is_client_fault",
+    "sse_error",
 ]
 
 
@@ -149,3 +150,16 @@ def error_body(status: int, message: str, error_type: str, param: str | None = N
     return _encoder.encode(
         {"error": {"message": message, "type": error_type, "param": param, "code": status}}
     )
+
+
+def sse_error(exc: UpstreamError) -> bytes:
+    """An error as one SSE event: what a client gets when a stream fails mid-way."""
+    body = {
+        "error": {
+            "message": exc.message,
+            "type": exc.error_type,
+            "param": None,
+            "code": exc.status_code,
+        }
+    }
+    return b"data: " + _encoder.encode(body) + b"\n\n"

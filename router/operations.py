@@ -40,7 +40,11 @@ async def health() -> Response[bytes]:
 
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
-    if services_of(request).pool.ready():
+    services = services_of(request)
+    refusals = [c.refusal for c in services.tokens_checks.values() if c.refusal is not None]
+    if refusals:
+        return json_response(503, error_body(503, refusals[0], "ServiceUnavailableError"))
+    if services.pool.ready():
         return json_response(200, b'{"status":"ready"}')
     return json_response(
         503, error_body(503, "no healthy prefill/decode pair", "ServiceUnavailableError")

@@ -12,6 +12,8 @@ class NoHandleCause(StrEnum):
 
     STREAMED_BEFORE_033 = "streamed_before_0.33"  #: vLLM 0.32 streams return none
     STOP_STRING = "stop_string"  #: vLLM aborts on a stop string: no handle, blocks freed
+    #: vLLM's streamed /inference/v1/generate never returns D's params (0.32 and 0.33)
+    STREAMED_GENERATE = "streamed_generate"
     NONE_RETURNED = "none_returned"
 
 

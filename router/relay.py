@@ -65,6 +65,29 @@ class DecodeOutput:
                 choice.pop("token_ids", None)
                 choice.pop("prompt_token_ids", None)
 
+    def collect(self, obj: dict[str, Any]) -> None:
+        """Take what the router needs from a tokens-only engine's answer or chunk, which the
+        client never sees as such (it gets the derendered answer)."""
+        handle = obj.get("kv_transfer_params")
+        if handle is not None:
+            self.handle = handle
+        prompt_ids = obj.get("prompt_token_ids")
+        if isinstance(prompt_ids, list) and self.prompt_ids is None:
+            self.prompt_ids = prompt_ids
+        for choice in obj.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            ids = choice.get("token_ids")
+            if isinstance(ids, list):
+                self.output_ids.extend(ids)
+                self.saw_content = True
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+
+    def add_content(self, text: str) -> None:
+        self._content.append(text)
+
     def chunk(self, data: str) -> bytes:
         """One SSE ``data:`` payload from D, as the client gets it."""
         try:

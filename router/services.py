@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response
@@ -15,6 +15,7 @@ from router.errors import BadConversationId, ModelNotFound
 from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.pool import InstancePool
+from router.tokens.check import TokensCheck
 from router.tracing import Tracing
 from router.turn import TurnRunner
 from router.upstream import Upstream
@@ -36,6 +37,7 @@ class Services:
     tracing: Tracing
     kv: KvEvents
     clock: Callable[[], float] = time.time
+    tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)  # by id() of the model
     in_flight: int = 0
     closing: bool = False
 

@@ -100,6 +100,7 @@ class VllmPair:
     d_args: list[str] = field(default_factory=list)
     kv_events: bool = False  # both engines publish KV events (and keep them for replay)
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: POST /reset_prefix_cache and the like
+    tokens_only: bool = False  # --tokens-only: /inference/v1/generate, no tokenizer
     prefill: VllmInstance | None = None
     decode: VllmInstance | None = None
 
@@ -147,6 +148,7 @@ class VllmPair:
             "--kv-transfer-config",
             json.dumps(config),
             *(self.p_args if producer else self.d_args),
+            *(["--tokens-only"] if self.tokens_only else []),
         ]
         if self.kv_events:
             # A "*" endpoint binds (vLLM connects to any other); the replay socket always binds.
@@ -238,18 +240,18 @@ class VllmPair:
         def post(
             url: str, prompt: list[int], max_tokens: int, kv: dict[str, Any] | None
         ) -> dict[str, Any]:
-            body: dict[str, Any] = {
-                "model": SERVED_NAME,
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-                "return_token_ids": True,
-                "logprobs": 1,
-            }
+            sampling = {"max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1}
+            body: dict[str, Any]
+            if self.tokens_only:
+                body = {"model": SERVED_NAME, "token_ids": prompt, "sampling_params": sampling}
+            else:
+                body = {"model": SERVED_NAME, "prompt": prompt, **sampling}
+            body["return_token_ids"] = True
             if kv is not None:
                 body["kv_transfer_params"] = kv
             left = max(1.0, deadline - time.monotonic())
-            response = httpx.post(url + "/v1/completions", json=body, timeout=left)
+            path = "/inference/v1/generate" if self.tokens_only else "/v1/completions"
+            response = httpx.post(url + path, json=body, timeout=left)
             response.raise_for_status()
             answer: dict[str, Any] = response.json()
             return answer

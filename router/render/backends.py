@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 from typing import Any, Protocol
 
+from tokenizers import Tokenizer
+
 from router.config import RenderConfig
 from router.errors import ClientError, EngineFailed, UpstreamError
 from router.render.chat_template import ChatTemplate, RenderInputError, bundled_qwen3_dir
@@ -133,6 +135,10 @@ class LocalRenderer:
 
     def __init__(self, folder: Path) -> None:
         self._template = ChatTemplate(folder)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._template.tokenizer
 
     def _render(self, body: dict[str, Any]) -> list[int]:
         try:

@@ -28,7 +28,9 @@ async def commit(
 ) -> None:
     handle = output.handle
     if not isinstance(handle, dict) or not handle.get("do_remote_decode"):
-        if streamed and decode.version is not None and not streams_handles(decode.version):
+        if streamed and req.model.tokens_only:
+            cause = NoHandleCause.STREAMED_GENERATE
+        elif streamed and decode.version is not None and not streams_handles(decode.version):
             cause = NoHandleCause.STREAMED_BEFORE_033
         elif output.stop_reason is not None and isinstance(output.stop_reason, str):
             cause = NoHandleCause.STOP_STRING

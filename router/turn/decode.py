@@ -15,21 +15,22 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from router.errors import (
     EngineFailed,
     EngineTimeout,
     EngineUnavailable,
     UpstreamError,
     is_client_fault,
+    sse_error,
 )
 from router.metrics import turn_bucket
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_decode
 from router.pool import Instance, Lease
 from router.relay import DecodeOutput
+from router.tokens.legs import GENERATE_PATH, decode_request
 from router.turn.commit import commit
+from router.turn.derender import derender_whole, stream_tokens
 from router.turn.model import Prepared, TurnPath, TurnRequest
 from router.turn.placement import cached_on, holding, note_choice
 from router.turn.prefill import run_prefill
@@ -42,7 +43,7 @@ log = logging.getLogger("carryover.turn")
 
 
 @dataclass
-class _Started:
+class Started:
     """D has answered (``answer``) or begun streaming (``lines`` after ``first``). ``held``
     owns the lease on D and the connection, whatever ends the turn."""
 
@@ -121,7 +122,7 @@ def _decode_local(
     return decode
 
 
-async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _Started:
+async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Started:
     tried: set[Instance] = set()
     timed_out: set[Instance] = set()
     last: UpstreamError | None = None
@@ -138,8 +139,12 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _St
         else:
             p_instance, p_params = await run_prefill(svc, req, prepared)
             decode = _pick_decode(svc, req, prepared, tried, timed_out)
-        body = decode_body(req, prepared.ids, p_params)
-        url = f"{decode.url}{req.path}"
+        if prepared.generate is not None:
+            body = decode_request(prepared.generate, p_params, stream=req.stream)
+            url = f"{decode.url}{GENERATE_PATH}"
+        else:
+            body = decode_body(req, prepared.ids, p_params)
+            url = f"{decode.url}{req.path}"
         held = contextlib.AsyncExitStack()
         lease = held.enter_context(svc.pool.lease(decode))
         try:
@@ -155,13 +160,13 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> _St
                 lines = iter_sse(response, idle_timeout=svc.config.timeouts.first_byte)
                 first = await anext(lines)
                 _release_unneeded(svc, req, unneeded)
-                return _Started(decode, p_instance, lease, held, first=first, lines=lines)
+                return Started(decode, p_instance, lease, held, first=first, lines=lines)
             with svc.leg(req, "decode", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
                     url, body, timeout=svc.config.timeouts.request, headers=req.engine_headers
                 )
             _release_unneeded(svc, req, unneeded)
-            return _Started(decode, p_instance, lease, held, answer=answer)
+            return Started(decode, p_instance, lease, held, answer=answer)
         except (UpstreamError, StopAsyncIteration) as exc:
             await held.aclose()
             _release_unneeded(svc, req, unneeded)
@@ -198,8 +203,14 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
         if not isinstance(started.answer, dict):
             raise EngineFailed("decode instance answered with a non-object body")
         output = DecodeOutput(client_wants_ids=req.client_wants_ids)
-        data = output.body(started.answer)
+        if prepared.generate is not None:
+            output.collect(started.answer)
+        else:
+            data = output.body(started.answer)
     await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
+    if prepared.generate is not None:
+        # After the commit: the handle is stored even if derendering fails (the KV is right).
+        data = await derender_whole(svc, req, prepared, started.answer)
     svc.metrics.e2e.labels("false").observe(time.monotonic() - req.started)
     return data
 
@@ -208,6 +219,10 @@ async def stream(
     svc: TurnServices, req: TurnRequest, prepared: Prepared
 ) -> AsyncGenerator[bytes, None]:
     started = await _start(svc, req, prepared)
+    if prepared.generate is not None:
+        async for frame in stream_tokens(svc, req, prepared, started):
+            yield frame
+        return
     assert started.first is not None and started.lines is not None
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
     # A span over the whole stream, first byte to [DONE].
@@ -229,21 +244,9 @@ async def stream(
             # Mid-stream: the client gets an error event and [DONE], never a cut stream.
             started.lease.failed(exc)
             log.warning("decode stream failed mid-way: %s", exc.message)
-            yield _sse_error(exc)
+            yield sse_error(exc)
             yield b"data: [DONE]\n\n"
             return
         await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
         svc.metrics.e2e.labels("true").observe(time.monotonic() - req.started)
         yield b"data: [DONE]\n\n"
-
-
-def _sse_error(exc: UpstreamError) -> bytes:
-    body = {
-        "error": {
-            "message": exc.message,
-            "type": exc.error_type,
-            "param": None,
-            "code": exc.status_code,
-        }
-    }
-    return b"data: " + msgspec.json.encode(body) + b"\n\n"

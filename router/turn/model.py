@@ -80,6 +80,8 @@ class Prepared:
     sent: bool = False  # the claimed handle (or its release) went to P
     kv_prompt: Prompt | None = None  # the ids' chain keys for the KV index, made on first use
     kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
+    # Tokens-only models: the render server's GenerateRequest for the client's request.
+    generate: dict[str, Any] | None = None
 
     def spend_handle(self, path: TurnPath = TurnPath.COLD_ERROR) -> None:
         """The claimed handle was used or lost: later attempts run cold."""

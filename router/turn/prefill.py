@@ -8,6 +8,7 @@ from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_cli
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_prefill
 from router.pool import Instance
+from router.tokens.legs import GENERATE_PATH, prefill_request
 from router.turn.commit import release_replaced
 from router.turn.model import Prepared, TurnPath, TurnRequest
 from router.turn.placement import holding, note_choice
@@ -69,13 +70,16 @@ async def run_prefill(
                 if prepared.plan.handle is not None
                 else {"do_remote_decode": True}
             )
-            body = prefill_body(req, prepared.ids, kv)
+            if prepared.generate is not None:
+                url, body = f"{instance.url}{GENERATE_PATH}", prefill_request(prepared.generate, kv)
+            else:
+                url, body = f"{instance.url}{req.path}", prefill_body(req, prepared.ids, kv)
             if with_handle:
                 prepared.send_handle()
             with svc.pool.lease(instance) as lease:
                 try:
                     answer = await svc.upstream.post_json(
-                        f"{instance.url}{req.path}",
+                        url,
                         body,
                         timeout=svc.config.timeouts.prefill,
                         headers=req.engine_headers,

@@ -21,6 +21,8 @@ from router.metrics import RouterMetrics
 from router.outcomes import LeftToExpire, ReleaseCause
 from router.pool import InstancePool
 from router.render.backends import Renderer
+from router.tokens.check import TokensCheck
+from router.tokens.server import RenderServerClient
 from router.turn.decode import complete, stream
 from router.turn.model import Relay, TurnOutcome, TurnRequest
 from router.turn.prepare import prepare
@@ -45,6 +47,7 @@ class TurnRunner:
         clock: Callable[[], float] = time.time,
         planner: Planner = plan,
         kv: KvEvents | None = None,
+        tokens_checks: dict[int, TokensCheck] | None = None,
     ) -> None:
         self._svc = TurnServices(
             config,
@@ -57,6 +60,7 @@ class TurnRunner:
             clock=clock,
             planner=planner,
             kv=kv,
+            tokens_checks=tokens_checks if tokens_checks is not None else {},
         )
 
     async def run(self, req: TurnRequest) -> TurnOutcome:
@@ -77,6 +81,9 @@ class TurnRunner:
                 svc.metrics.left_to_expire.labels(LeftToExpire.SENT_THEN_CANCELLED).inc()
             raise
         return TurnOutcome(prepared.path, body=body)
+
+    def render_server(self, model: ModelConfig) -> RenderServerClient:
+        return self._svc.render_server(model)
 
     async def release(self, model: ModelConfig, model_name: str, handle: dict[str, Any]) -> bool:
         """Free D's blocks of ``handle`` now (DELETE of a conversation)."""

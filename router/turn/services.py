@@ -21,6 +21,9 @@ from router.outcomes import ReleaseCause
 from router.policy import Affinity, pick_prefill
 from router.pool import InstancePool
 from router.render.backends import Renderer
+from router.tokens.check import TokensCheck
+from router.tokens.legs import GENERATE_PATH, release_request
+from router.tokens.server import RenderServerClient
 from router.turn.model import TurnRequest
 from router.upstream import Upstream
 from state import HashedTokens, Plan, PlanSettings, Record, Store, plan, release_handle
@@ -57,6 +60,9 @@ class TurnServices:
     planner: Planner = plan
     kv: KvEvents | None = None  # the KV-event index; None or empty: routing by load alone
     background: set[asyncio.Task[bool]] = field(default_factory=set)
+    # Tokens-only models' render-server checks (router/tokens/check.py), by id() of the model.
+    tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)
+    _render_servers: dict[int, RenderServerClient] = field(default_factory=dict)
 
     @functools.cached_property
     def affinity(self) -> Affinity:
@@ -64,6 +70,15 @@ class TurnServices:
 
     def renderer(self, model: ModelConfig) -> Renderer:
         return self.renderers[id(model)]
+
+    def render_server(self, model: ModelConfig) -> RenderServerClient:
+        """A tokens-only model's render server (``render.url``)."""
+        server = self._render_servers.get(id(model))
+        if server is None:
+            assert model.render.url is not None  # the config requires it for tokens
+            server = RenderServerClient(self.upstream, model.render.url, model.render.timeout)
+            self._render_servers[id(model)] = server
+        return server
 
     @contextlib.contextmanager
     def leg(self, req: TurnRequest, name: str, **attributes: Any) -> Iterator[None]:
@@ -105,15 +120,19 @@ class TurnServices:
         instance = pick_prefill(self.pool.available(model, "prefill"), self.rng)
         if instance is None:
             return False
-        body = {
-            "model": model_name,
-            "prompt": [0],
-            "max_tokens": 1,
-            "kv_transfer_params": release_handle(handle),
-        }
+        if model.tokens_only:
+            path, body = GENERATE_PATH, release_request(model_name, release_handle(handle))
+        else:
+            path = "/v1/completions"
+            body = {
+                "model": model_name,
+                "prompt": [0],
+                "max_tokens": 1,
+                "kv_transfer_params": release_handle(handle),
+            }
         try:
             await self.upstream.post_json(
-                f"{instance.url}/v1/completions", body, timeout=self.config.timeouts.prefill
+                f"{instance.url}{path}", body, timeout=self.config.timeouts.prefill
             )
         except UpstreamError as exc:
             log.info("release of a handle failed (D frees it at its TTL): %s", exc.message)

@@ -5,7 +5,8 @@ share the cores four ways); tests that need other router settings start their ow
 front of it. Two configurations exist: ``vllm_pair``, whose P has no prefix cache (so P's
 counters say exactly what the router attached), and ``cached_pair``, whose P keeps one (what a
 turn without a handle finds there). ``Engines`` swaps them when a test asks for the other;
-the modules are named so that each configuration is started once (``test_caches.py`` first).
+the modules are named so that each configuration is started once (``test_caches.py`` first,
+``test_zzz_tokens.py``, whose pair runs ``--tokens-only``, last).
 
 No test here races a clock: D pins a turn's blocks for an hour and the routers are told so, far
 beyond any turn of a slow or loaded machine (a first forward pass took 41 s on two busy cores).
@@ -51,6 +52,7 @@ class Engines:
             # Without a prefix cache on P every pull is whole, so P's counters say exactly
             # what the router attached; D keeps its cache (the realistic side).
             p_args=[] if kind == "cached" else ["--no-enable-prefix-caching"],
+            tokens_only=kind == "tokens",  # test_zzz_tokens.py, the last module
             # Both publish KV events: every router of this tier keeps an index of them, so
             # the subscriber meets vLLM's own wire format in every test.
             kv_events=True,

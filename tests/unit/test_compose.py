@@ -62,7 +62,7 @@ def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
         else:
             raise AssertionError(f"unknown carryover command in {name}: {command}")
         parsed += 1
-    assert parsed == 4  # two routers and two simulated engines
+    assert parsed == 5  # three routers (one per profile but sim's) and two simulated engines
 
 
 def test_engines_are_set_up_for_bidirectional_pd(compose: dict[str, Any]) -> None:
@@ -72,6 +72,8 @@ def test_engines_are_set_up_for_bidirectional_pd(compose: dict[str, Any]) -> Non
         ("decode", "kv_consumer"),
         ("prefill-sim", "kv_producer"),
         ("decode-sim", "kv_consumer"),
+        ("prefill-tokens", "kv_producer"),
+        ("decode-tokens", "kv_consumer"),
     ):
         command = services[name]["command"]
         config = json.loads(command[command.index("--kv-transfer-config") + 1])
@@ -80,10 +82,27 @@ def test_engines_are_set_up_for_bidirectional_pd(compose: dict[str, Any]) -> Non
         if role == "kv_producer":
             assert config["kv_load_failure_policy"] == "fail"
         assert services[name]["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == name
-    for name in ("prefill", "decode"):
+    for name in ("prefill", "decode", "prefill-tokens", "decode-tokens"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["count"] == 1 and devices[0]["capabilities"] == ["gpu"]
         assert "vllm-openai:v0.33" in services[name]["image"]
+
+
+def test_the_tokens_only_profile_runs_the_four_stages(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in ("prefill-tokens", "decode-tokens"):
+        assert "--tokens-only" in services[name]["command"]
+        assert services[name]["profiles"] == ["tokens-only"]
+    render = services["render-tokens"]
+    assert render["entrypoint"] == ["vllm", "launch", "render"]
+    router = services["router-tokens"]
+    model = load_config(router["command"][1:], environ={}).models[0]
+    assert model.tokens_only and model.render.url == "http://render-tokens:8000"
+    assert [i.url for i in model.prefill] == ["http://prefill-tokens:8000"]
+    # The router is told the parsers the render server runs (it checks them at startup).
+    assert f"--reasoning-parser={model.tokens.reasoning_parser}" in render["command"]
+    assert f"--tool-call-parser={model.tokens.tool_call_parser}" in render["command"]
+    assert "redis" in router["depends_on"] and "tokens-only" in services["redis"]["profiles"]
 
 
 def test_only_routers_are_published(compose: dict[str, Any]) -> None:

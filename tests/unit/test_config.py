@@ -84,3 +84,17 @@ def test_decode_kv_marks_come_from_flags_and_env_and_must_be_ordered() -> None:
                 ],
                 environ={},
             )
+
+
+def test_a_tokens_only_model_needs_a_render_server() -> None:
+    flags = ["--prefill", "http://p:1", "--decode", "http://d:1", "--engine-api", "tokens"]
+    with pytest.raises(ConfigError, match="render server"):
+        load_config(flags, environ={})
+    config = load_config(
+        [*flags, "--render", "http://r:1", "--reasoning-parser", "qwen3", "--stream-tokens", "4"],
+        environ={"CARRYOVER_STREAM_INTERVAL": "0.2"},
+    )
+    model = config.models[0]
+    assert model.tokens_only and model.render.url == "http://r:1"
+    assert (model.tokens.reasoning_parser, model.tokens.tool_call_parser) == ("qwen3", None)
+    assert (model.tokens.stream_tokens, model.tokens.stream_interval) == (4, 0.2)

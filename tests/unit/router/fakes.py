@@ -39,7 +39,7 @@ class Handle:
 
 @dataclass
 class FakeEngine:
-    role: str  # "prefill" | "decode"
+    role: str  # "prefill" | "decode" | "render" (vLLM's render server, tokens-only models)
     host: str
     requests: list[dict[str, Any]] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)  # statuses for the next requests
@@ -91,6 +91,9 @@ class FakeFleet(httpx.AsyncBaseTransport):
             engine.connect_timeouts -= 1
             raise httpx.ConnectTimeout(f"connection timeout to {request.url}", request=request)
         body = json.loads(await request.aread())
+        if engine.role == "render":
+            engine.requests.append({"path": path, **body})
+            return _render_server(path, body)
         if path == "/tokenize":
             self.tokenize_calls += 1
             try:
@@ -103,6 +106,10 @@ class FakeFleet(httpx.AsyncBaseTransport):
             return httpx.Response(status, json={"error": {"message": "injected", "code": status}})
         if engine.hang is not None:
             await engine.hang.wait()
+        if path == "/inference/v1/generate":
+            if engine.role == "prefill":
+                return self._prefill(engine, {**body, "prompt": body["token_ids"]})
+            return self._generate(engine, body)
         if engine.role == "prefill":
             return self._prefill(engine, body)
         return self._decode(engine, body, chat=path.endswith("chat/completions"))
@@ -186,6 +193,100 @@ class FakeFleet(httpx.AsyncBaseTransport):
                 ]
             ),
         )
+
+    def _generate(self, engine: FakeEngine, body: dict[str, Any]) -> httpx.Response:
+        """D's /inference/v1/generate: tokens only; a handle on whole answers alone."""
+        decoded = json.loads(
+            self._decode(
+                engine,
+                {"kv_transfer_params": {**body["kv_transfer_params"]}, "prompt": body["token_ids"]},
+                chat=False,
+            ).content
+        )
+        choice = {
+            "index": 0,
+            "finish_reason": "stop",
+            "token_ids": decoded["choices"][0]["token_ids"],
+        }
+        answer = {
+            "request_id": "generate-tokens-x1",
+            "prompt_token_ids": body["token_ids"],
+            "choices": [choice],
+        }
+        if not body.get("stream"):
+            return httpx.Response(
+                200, json={**answer, "kv_transfer_params": decoded["kv_transfer_params"]}
+            )
+        # The handle D pinned is never reported on a stream (vLLM's generate has no field).
+        ids = choice["token_ids"]
+        events = [
+            {
+                "request_id": "generate-tokens-x1",
+                "choices": [
+                    {
+                        "index": 0,
+                        "token_ids": ids[i : i + 1],
+                        "finish_reason": "stop" if i == len(ids) - 1 else None,
+                    }
+                ],
+                **({"prompt_token_ids": body["token_ids"]} if i == 0 else {}),
+            }
+            for i in range(len(ids))
+        ]
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=_SSE(events)
+        )
+
+
+def decode_ids(ids: list[int]) -> str:
+    return "".join(chr(i) for i in ids)
+
+
+def _render_server(path: str, body: dict[str, Any]) -> httpx.Response:
+    """vLLM's render server, without parsers, for the fake ids."""
+    if path == "/tokenize":
+        return httpx.Response(200, json={"tokens": encode(body["prompt"])})
+    if path == "/v1/chat/completions/render":
+        sampling: dict[str, Any] = {"temperature": body.get("temperature", 1.0)}
+        if body.get("max_tokens") not in (None, 16):  # vLLM leaves out SamplingParams' defaults
+            sampling["max_tokens"] = body["max_tokens"]
+        if body.get("stop"):
+            sampling["stop"] = body["stop"]
+        return httpx.Response(
+            200,
+            json={
+                "request_id": "chatcmpl-r",
+                "token_ids": render(body["messages"]),
+                "sampling_params": sampling,
+            },
+        )
+    if path == "/v1/chat/completions/derender" and not body["stream"]:
+        generated = body["generate_response"]
+        choice = generated["choices"][0]
+        message = {"role": "assistant", "content": decode_ids(choice["token_ids"])}
+        answer = {
+            "id": generated["request_id"],
+            "object": "chat.completion",
+            "choices": [{"index": 0, "message": message, "finish_reason": choice["finish_reason"]}],
+            "kv_transfer_params": generated.get("kv_transfer_params"),
+        }
+        return httpx.Response(200, json=answer)
+    if path == "/v1/chat/completions/derender":
+        chunk, state = body["generate_chunk"], body["stream_state"] or {"calls": 0}
+        choices = [
+            {
+                "index": c["index"],
+                "delta": {"content": decode_ids(c["token_ids"]) or None},
+                "finish_reason": c.get("finish_reason"),
+            }
+            for c in chunk["choices"]
+        ]
+        out = {"id": chunk["request_id"], "object": "chat.completion.chunk", "choices": choices}
+        out["usage"] = chunk.get("usage")
+        return httpx.Response(
+            200, json={"chunk": out, "stream_state": {"calls": state["calls"] + 1}}
+        )
+    return httpx.Response(404, json={"error": {"message": f"no {path}", "code": 404}})
 
 
 class _SSE(httpx.AsyncByteStream):

@@ -1,0 +1,210 @@
+"""A streamed tokens-only answer: D's token chunks derendered in batches.
+
+vLLM's streaming derender takes one chunk per call and, with a reasoning or tool parser,
+parses the whole output again on every call (vLLM 0.32 ``renderers/online_derenderer.py``;
+a parser cache is vLLM issue #57571): one call per token costs O(n²) parsing. Here tokens are
+held until ``stream_tokens`` of them wait or ``stream_interval`` has passed, then derendered
+in one call; a choice's first tokens and its last are never held. One state per choice
+(``n > 1``): the render server takes one choice per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from router.errors import EngineFailed
+from router.relay import DecodeOutput
+from router.tokens.answers import StreamMender
+from router.tokens.detok import LocalDetokenizer
+from router.tokens.server import RenderServerClient
+
+__all__ = ["Coalescer", "derendered_stream"]
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+@dataclass
+class _Choice:
+    index: int
+    state: dict[str, Any] | None = None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    has_logprobs: bool = False
+    since: float | None = None  # when the oldest waiting token arrived
+    sent_first: bool = False
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+
+class Coalescer:
+    """Turns D's generate chunks into derendered OpenAI chunks (as SSE frames)."""
+
+    def __init__(
+        self,
+        server: RenderServerClient | LocalDetokenizer,
+        request: dict[str, Any],
+        prompt_ids: list[int],
+        *,
+        chat: bool,
+        mender: StreamMender,
+        max_tokens: int,
+        max_wait: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._server = server
+        self._request = request
+        self.prompt_ids = prompt_ids
+        self._chat = chat
+        self._mender = mender
+        self._max_tokens = max_tokens
+        self._max_wait = max_wait
+        self._clock = clock
+        self._choices: dict[int, _Choice] = {}
+        self._request_id = ""
+        self.calls = 0  # derender calls made (the benchmark reads it)
+
+    def due_in(self) -> float | None:
+        """Seconds until waiting tokens must go out; ``None``: none wait."""
+        oldest = [c.since for c in self._choices.values() if c.since is not None and c.ids]
+        if not oldest:
+            return None
+        return max(0.0, min(oldest) + self._max_wait - self._clock())
+
+    async def feed(self, chunk: dict[str, Any]) -> list[bytes]:
+        self._request_id = str(chunk.get("request_id") or self._request_id)
+        frames: list[bytes] = []
+        for raw in chunk.get("choices") or ():
+            if not isinstance(raw, dict):
+                continue
+            index = int(raw.get("index") or 0)
+            choice = self._choices.setdefault(index, _Choice(index))
+            ids = raw.get("token_ids") or []
+            if ids and choice.since is None:
+                choice.since = self._clock()
+            choice.ids.extend(ids)
+            logprobs = raw.get("logprobs")
+            if isinstance(logprobs, dict):
+                choice.has_logprobs = True
+                choice.logprobs.extend(logprobs.get("content") or ())
+            if raw.get("finish_reason") is not None:
+                choice.finish_reason = raw["finish_reason"]
+                choice.stop_reason = raw.get("stop_reason")
+            if (
+                not choice.sent_first
+                or choice.finish_reason is not None
+                or len(choice.ids) >= self._max_tokens
+                or (choice.since is not None and self._clock() - choice.since >= self._max_wait)
+            ):
+                frames += await self._send(choice)
+        usage = chunk.get("usage")
+        if usage is not None and not chunk.get("choices"):
+            frames += await self.flush()
+            frames += await self._derender({"choices": [], "usage": usage}, None, {})
+        return frames
+
+    async def flush(self) -> list[bytes]:
+        frames: list[bytes] = []
+        for choice in self._choices.values():
+            if choice.ids or choice.finish_reason is not None:
+                frames += await self._send(choice)
+        return frames
+
+    async def _send(self, choice: _Choice) -> list[bytes]:
+        if not choice.ids and choice.finish_reason is None:
+            return []
+        part: dict[str, Any] = {
+            "index": choice.index,
+            "finish_reason": choice.finish_reason,
+            "stop_reason": choice.stop_reason,
+            "token_ids": choice.ids,
+            "logprobs": {"content": choice.logprobs} if choice.has_logprobs else None,
+        }
+        ids = choice.ids
+        choice.ids, choice.logprobs, choice.since = [], [], None
+        choice.sent_first = True
+        done = choice.finish_reason is not None
+        choice.finish_reason = None  # sent once
+        frames = await self._derender(
+            {"choices": [part], "usage": None}, choice, {choice.index: ids}
+        )
+        if done:
+            self._choices.pop(choice.index, None)
+        return frames
+
+    async def _derender(
+        self, body: dict[str, Any], choice: _Choice | None, ids: dict[int, list[int]]
+    ) -> list[bytes]:
+        chunk = {"request_id": self._request_id, "output_mode": "tokens", **body}
+        state = choice.state if choice is not None else None
+        self.calls += 1
+        out, new_state = await self._server.derender_chunk(
+            chunk, state, self.prompt_ids, self._request, chat=self._chat
+        )
+        if choice is not None:
+            choice.state = new_state
+        mended = self._mender.mend(out, ids)
+        if mended is None:
+            return []
+        return [b"data: " + _encoder.encode(mended) + b"\n\n"]
+
+
+async def derendered_stream(
+    first: str, lines: AsyncIterator[str], coalescer: Coalescer, output: DecodeOutput
+) -> AsyncGenerator[bytes, None]:
+    """SSE frames for the client from D's generate stream (``first`` already read), until
+    D's ``[DONE]``; waiting tokens go out when their time is up even if D is silent."""
+
+    def parse(data: str) -> dict[str, Any]:
+        try:
+            obj = _decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            raise EngineFailed("decode instance sent a malformed stream chunk") from exc
+        if not isinstance(obj, dict):
+            raise EngineFailed("decode instance sent a malformed stream chunk")
+        if "error" in obj and not obj.get("choices"):
+            error = obj["error"] if isinstance(obj["error"], dict) else {}
+            raise EngineFailed(str(error.get("message") or "decode instance failed mid-stream"))
+        output.collect(obj)
+        return obj
+
+    async def next_line() -> str | None:
+        try:
+            return await anext(lines)
+        except StopAsyncIteration:
+            return None
+
+    if first != "[DONE]":
+        for frame in await coalescer.feed(parse(first)):
+            yield frame
+    else:
+        return
+    pending: asyncio.Task[str | None] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(next_line())
+            due = coalescer.due_in()
+            if due is not None:
+                done, _ = await asyncio.wait({pending}, timeout=due)
+                if not done:
+                    for frame in await coalescer.flush():
+                        yield frame
+                    continue
+            data = await pending
+            pending = None
+            if data is None or data == "[DONE]":
+                break
+            for frame in await coalescer.feed(parse(data)):
+                yield frame
+        for frame in await coalescer.flush():
+            yield frame
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
