@@ -8,10 +8,24 @@ import msgspec
 
 from router.errors import EngineFailed
 
-__all__ = ["DecodeOutput"]
+__all__ = ["DecodeOutput", "parse_chunk"]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+
+
+def parse_chunk(data: str) -> dict[str, Any]:
+    """One SSE ``data:`` payload from D; an error event or garbage is an ``EngineFailed``."""
+    try:
+        obj = _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise EngineFailed("decode instance sent a malformed stream chunk") from exc
+    if not isinstance(obj, dict):
+        raise EngineFailed("decode instance sent a malformed stream chunk")
+    if "error" in obj and not obj.get("choices"):
+        error = obj["error"] if isinstance(obj["error"], dict) else {}
+        raise EngineFailed(str(error.get("message") or "decode instance failed mid-stream"))
+    return obj
 
 
 class DecodeOutput:
@@ -90,15 +104,7 @@ class DecodeOutput:
 
     def chunk(self, data: str) -> bytes:
         """One SSE ``data:`` payload from D, as the client gets it."""
-        try:
-            obj = _decoder.decode(data)
-        except msgspec.DecodeError as exc:
-            raise EngineFailed("decode instance sent a malformed stream chunk") from exc
-        if not isinstance(obj, dict):
-            raise EngineFailed("decode instance sent a malformed stream chunk")
-        if "error" in obj and not obj.get("choices"):
-            error = obj["error"] if isinstance(obj["error"], dict) else {}
-            raise EngineFailed(str(error.get("message") or "decode instance failed mid-stream"))
+        obj = parse_chunk(data)
         self._take(obj)
         return b"data: " + _encoder.encode(obj) + b"\n\n"
 

@@ -14,20 +14,33 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
+from tokenizers import Tokenizer
 
-from router.errors import EngineFailed
-from router.relay import DecodeOutput
+from router.relay import DecodeOutput, parse_chunk
 from router.tokens.answers import StreamMender
-from router.tokens.detok import LocalDetokenizer
-from router.tokens.server import RenderServerClient
+from router.tokens.logprobs import resolve_logprobs
 
-__all__ = ["Coalescer", "derendered_stream"]
+__all__ = ["ChunkDerenderer", "Coalescer", "derendered_stream"]
 
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder()
+
+
+class ChunkDerenderer(Protocol):
+    """The render server's streaming derender (``RenderServerClient``), or this process's
+    detokenizer standing in for it (``LocalDetokenizer``)."""
+
+    async def derender_chunk(
+        self,
+        chunk: dict[str, Any],
+        state: dict[str, Any] | None,
+        prompt_ids: list[int],
+        request: dict[str, Any],
+        *,
+        chat: bool,
+    ) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
 
 @dataclass
@@ -38,6 +51,7 @@ class _Choice:
     logprobs: list[Any] = field(default_factory=list)
     has_logprobs: bool = False
     since: float | None = None  # when the oldest waiting token arrived
+    context: list[int] = field(default_factory=list)  # last sampled ids, for logprob tokens
     sent_first: bool = False
     finish_reason: str | None = None
     stop_reason: Any = None
@@ -48,7 +62,7 @@ class Coalescer:
 
     def __init__(
         self,
-        server: RenderServerClient | LocalDetokenizer,
+        server: ChunkDerenderer,
         request: dict[str, Any],
         prompt_ids: list[int],
         *,
@@ -57,6 +71,7 @@ class Coalescer:
         max_tokens: int,
         max_wait: float,
         clock: Callable[[], float] = time.monotonic,
+        logprob_tokenizer: Tokenizer | None = None,
     ) -> None:
         self._server = server
         self._request = request
@@ -66,6 +81,7 @@ class Coalescer:
         self._max_tokens = max_tokens
         self._max_wait = max_wait
         self._clock = clock
+        self._logprob_tokenizer = logprob_tokenizer  # fills in what the parsed path leaves out
         self._choices: dict[int, _Choice] = {}
         self._request_id = ""
         self.calls = 0  # derender calls made (the benchmark reads it)
@@ -139,7 +155,11 @@ class Coalescer:
         return frames
 
     async def _derender(
-        self, body: dict[str, Any], choice: _Choice | None, ids: dict[int, list[int]]
+        self,
+        body: dict[str, Any],
+        choice: _Choice | None,
+        ids: dict[int, list[int]],
+        logprobs: dict[str, Any] | None = None,
     ) -> list[bytes]:
         chunk = {"request_id": self._request_id, "output_mode": "tokens", **body}
         state = choice.state if choice is not None else None
@@ -149,6 +169,12 @@ class Coalescer:
         )
         if choice is not None:
             choice.state = new_state
+            if logprobs is not None and self._logprob_tokenizer is not None:
+                for part in out.get("choices") or ():
+                    if isinstance(part, dict) and part.get("logprobs") is None:
+                        part["logprobs"] = resolve_logprobs(
+                            logprobs["content"], self._logprob_tokenizer, choice.context
+                        )
         mended = self._mender.mend(out, ids)
         if mended is None:
             return []
@@ -162,15 +188,7 @@ async def derendered_stream(
     D's ``[DONE]``; waiting tokens go out when their time is up even if D is silent."""
 
     def parse(data: str) -> dict[str, Any]:
-        try:
-            obj = _decoder.decode(data)
-        except msgspec.DecodeError as exc:
-            raise EngineFailed("decode instance sent a malformed stream chunk") from exc
-        if not isinstance(obj, dict):
-            raise EngineFailed("decode instance sent a malformed stream chunk")
-        if "error" in obj and not obj.get("choices"):
-            error = obj["error"] if isinstance(obj["error"], dict) else {}
-            raise EngineFailed(str(error.get("message") or "decode instance failed mid-stream"))
+        obj = parse_chunk(data)
         output.collect(obj)
         return obj
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from tokenizers import Tokenizer
 
 from router.errors import UpstreamError, sse_error
 from router.metrics import turn_bucket
@@ -68,6 +69,16 @@ def plain_detokenizer(
     )
 
 
+def _logprob_tokenizer(svc: TurnServices, req: TurnRequest) -> Tokenizer | None:
+    """The tokenizer that fills in streamed logprobs the render server's parsed path leaves
+    out; none when the client hides reasoning (vLLM then sends no logprobs: their tokens
+    would show the reasoning) or no tokenizer here agrees with the server's."""
+    check = svc.tokens_checks.get(id(req.model))
+    if check is None or req.body.get("include_reasoning") is False:
+        return None
+    return check.tokenizer
+
+
 def client_request(req: TurnRequest) -> dict[str, Any]:
     body = dict(req.body)
     body["model"] = req.model_name
@@ -93,6 +104,7 @@ async def stream_tokens(
         # Detokenizing here costs no call: every chunk goes out as it comes.
         max_tokens=1 if local else settings.stream_tokens,
         max_wait=0.0 if local else settings.stream_interval,
+        logprob_tokenizer=_logprob_tokenizer(svc, req),
     )
     started.held.enter_context(
         svc.leg(req, "decode", **{"carryover.instance": started.decode.name})

@@ -179,6 +179,20 @@ async def test_a_streamed_tokens_turn_is_derendered_in_batches(
     ids = [i for c in choices for i in c["token_ids"]]
     assert ids == whole["choices"][0]["token_ids"]
     assert choices[-1]["finish_reason"] == "length"
+    # vLLM's parsed streaming derender returns no logprobs; the router resolves them, as the
+    # render server does for the whole answer.
+    streamed_lp = [e for c in choices for e in (c.get("logprobs") or {}).get("content") or ()]
+    whole_lp = whole["choices"][0]["logprobs"]["content"]
+    assert [(e["token"], e["bytes"]) for e in streamed_lp] == [
+        (e["token"], e["bytes"]) for e in whole_lp
+    ]
+    assert [e["top_logprobs"][0]["token"] for e in streamed_lp] == [
+        e["top_logprobs"][0]["token"] for e in whole_lp
+    ]
+    assert (
+        max(abs(a["logprob"] - b["logprob"]) for a, b in zip(streamed_lp, whole_lp, strict=True))
+        < 1e-3
+    )
     metrics = await ascrape(client, tokens_router.url)
     assert metrics.get("carryover_turns_without_handle_total{cause=streamed_generate}", 0) >= 1
 
