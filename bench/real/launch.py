@@ -22,7 +22,7 @@ from bench.ports import free_port
 from bench.real.env import ensure_env, env_dir
 from router.render.chat_template import bundled_qwen3_dir
 
-__all__ = ["SERVED_NAME", "VllmInstance", "VllmPair", "ensure_model"]
+__all__ = ["SERVED_NAME", "EngineDied", "VllmInstance", "VllmPair", "ensure_model"]
 
 SERVED_NAME = "tiny-qwen3"
 CPU_BLOCK_SIZE = 128  # vLLM's CPU build
@@ -30,6 +30,11 @@ CPU_BLOCK_SIZE = 128  # vLLM's CPU build
 
 class _StartTimedOut(RuntimeError):
     pass
+
+
+class EngineDied(RuntimeError):
+    """An instance exited during the warm-up (seen here: a first NIXL transfer whose worker
+    hung until vLLM's five-minute RPC deadline killed the engine); the pair is started anew."""
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
@@ -273,6 +278,10 @@ class VllmPair:
                 return
             except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
+            for instance in (self.prefill, self.decode):
+                if instance.popen is not None and instance.popen.poll() is not None:
+                    tail = instance.log.read_text(errors="replace")[-3000:]
+                    raise EngineDied(f"vLLM {instance.role} exited during the warm-up:\n{tail}")
             if time.monotonic() >= deadline:
                 tails = "\n".join(
                     f"--- {i.role} ({i.log}):\n{i.log.read_text(errors='replace')[-3000:]}"

@@ -134,9 +134,13 @@ def _router(log: Path, decode: str, render: str, stream_tokens: int) -> Iterator
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
+        # Ready means the render server was checked; /ready also wants a P, and this arm has
+        # none (D serves alone), so a turn that answers is the sign.
+        probe = {**_request(-1, 1), "max_tokens": 1}
         while True:
             try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                answer = httpx.post(url + "/v1/chat/completions", json=probe, timeout=60)
+                if answer.status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -148,7 +148,7 @@ class Coalescer:
         done = choice.finish_reason is not None
         choice.finish_reason = None  # sent once
         frames = await self._derender(
-            {"choices": [part], "usage": None}, choice, {choice.index: ids}
+            {"choices": [part], "usage": None}, choice, {choice.index: ids}, part["logprobs"]
         )
         if done:
             self._choices.pop(choice.index, None)

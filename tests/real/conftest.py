@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.real.launch import VllmPair
+from bench.real.launch import EngineDied, VllmPair
 from tests.support.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
 
@@ -58,12 +58,18 @@ class Engines:
             kv_events=True,
             dev_mode=kind == "cached",  # POST /reset_prefix_cache
         )
-        try:  # a failed start or warm-up stops both engines too
-            pair.start()
-            pair.warm_up()
-        except BaseException:
-            pair.stop()
-            raise
+        for attempt in (1, 2):
+            try:  # a failed start or warm-up stops both engines too
+                pair.start()
+                pair.warm_up()
+                break
+            except EngineDied:
+                pair.stop()
+                if attempt == 2:
+                    raise
+            except BaseException:
+                pair.stop()
+                raise
         self.running, self.kind = pair, kind
         return pair
 

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from router.relay import DecodeOutput
+from router.render.chat_template import ChatTemplate
 from router.tokens.answers import StreamMender
 from router.tokens.stream import Coalescer, derendered_stream
 
@@ -153,3 +154,28 @@ async def test_a_silent_engine_does_not_hold_waiting_tokens() -> None:
     rest = [frame async for frame in stream]
     assert _texts(rest) == ["<3>"]
     assert output.output_ids == [1, 2, 3] and output.finish_reason == "stop"
+
+
+async def test_logprobs_the_server_leaves_out_are_resolved_here() -> None:
+    tokenizer = ChatTemplate.qwen3().tokenizer
+    ids = list(tokenizer.encode(" plain text", add_special_tokens=False).ids)
+    coalescer = Coalescer(
+        FakeRenderServer(),  # answers logprobs: null, as vLLM's parsed path does
+        {"messages": []},
+        [1],
+        chat=True,
+        mender=StreamMender(client_wants_ids=False, chat=True),
+        max_tokens=1,
+        max_wait=1.0,
+        logprob_tokenizer=tokenizer,
+    )
+    tokens = []
+    for token_id in ids:
+        chunk = _gen([token_id])
+        chunk["choices"][0]["logprobs"] = {
+            "content": [{"token_id": token_id, "logprob": -0.25, "top_logprobs": []}]
+        }
+        for frame in await coalescer.feed(chunk):
+            choice = msgspec.json.decode(frame[len(b"data: ") :])["choices"][0]
+            tokens += [(e["token"], e["logprob"]) for e in choice["logprobs"]["content"]]
+    assert tokens == [(" plain", -0.25), (" text", -0.25)]
