@@ -46,20 +46,16 @@ class DecodeOutput:
     def content(self) -> str:
         return "".join(self._content)
 
-    def _take(self, obj: dict[str, Any]) -> None:
-        if "kv_transfer_params" in obj:
-            handle = obj.pop("kv_transfer_params")
-            if handle is not None:
-                self.handle = handle
+    def collect(self, obj: dict[str, Any]) -> None:
+        """Take what the router needs from one answer or chunk of D: the handle, the ids it
+        ran and generated, how choice 0 finished, and its text."""
+        handle = obj.get("kv_transfer_params")
+        if handle is not None:
+            self.handle = handle
         prompt_ids = obj.get("prompt_token_ids")
         if isinstance(prompt_ids, list) and self.prompt_ids is None:
             self.prompt_ids = prompt_ids
-        if not self.client_wants_ids:
-            obj.pop("prompt_token_ids", None)
-        choices = obj.get("choices")
-        if not isinstance(choices, list):
-            return
-        for choice in choices:
+        for choice in obj.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             message = choice.get("message") or choice.get("delta")
@@ -75,29 +71,17 @@ class DecodeOutput:
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
                 self.stop_reason = choice.get("stop_reason")
-            if not self.client_wants_ids:
+
+    def _strip(self, obj: dict[str, Any]) -> None:
+        """Remove the handle, and the ids the router asked D for, from what the client sees."""
+        obj.pop("kv_transfer_params", None)
+        if self.client_wants_ids:
+            return
+        obj.pop("prompt_token_ids", None)
+        for choice in obj.get("choices") or ():
+            if isinstance(choice, dict):
                 choice.pop("token_ids", None)
                 choice.pop("prompt_token_ids", None)
-
-    def collect(self, obj: dict[str, Any]) -> None:
-        """Take what the router needs from a tokens-only engine's answer or chunk, which the
-        client never sees as such (it gets the derendered answer)."""
-        handle = obj.get("kv_transfer_params")
-        if handle is not None:
-            self.handle = handle
-        prompt_ids = obj.get("prompt_token_ids")
-        if isinstance(prompt_ids, list) and self.prompt_ids is None:
-            self.prompt_ids = prompt_ids
-        for choice in obj.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            ids = choice.get("token_ids")
-            if isinstance(ids, list):
-                self.output_ids.extend(ids)
-                self.saw_content = True
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
-                self.stop_reason = choice.get("stop_reason")
 
     def add_content(self, text: str) -> None:
         self._content.append(text)
@@ -105,10 +89,12 @@ class DecodeOutput:
     def chunk(self, data: str) -> bytes:
         """One SSE ``data:`` payload from D, as the client gets it."""
         obj = parse_chunk(data)
-        self._take(obj)
+        self.collect(obj)
+        self._strip(obj)
         return b"data: " + _encoder.encode(obj) + b"\n\n"
 
     def body(self, obj: dict[str, Any]) -> bytes:
         """A non-streamed D answer, as the client gets it."""
-        self._take(obj)
+        self.collect(obj)
+        self._strip(obj)
         return _encoder.encode(obj)
