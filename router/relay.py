@@ -96,5 +96,9 @@ class DecodeOutput:
     def body(self, obj: dict[str, Any]) -> bytes:
         """A non-streamed D answer, as the client gets it."""
         self.collect(obj)
+        return self.client_body(obj)
+
+    def client_body(self, obj: dict[str, Any]) -> bytes:
+        """A collected answer, as the client gets it."""
         self._strip(obj)
         return _encoder.encode(obj)

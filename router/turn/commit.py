@@ -7,6 +7,7 @@ import logging
 from router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
 from router.pool import Instance, streams_handles
 from router.relay import DecodeOutput
+from router.turn.api import engine_api
 from router.turn.model import Prepared, TurnRequest
 from router.turn.services import TurnServices
 from state import HashedTokens, Record, StoreUnavailable, block_size_of, chunk_size_for
@@ -28,7 +29,7 @@ async def commit(
 ) -> None:
     handle = output.handle
     if not isinstance(handle, dict) or not handle.get("do_remote_decode"):
-        if streamed and req.model.tokens_only:
+        if streamed and not engine_api(req.model).streams_handles:
             cause = NoHandleCause.STREAMED_GENERATE
         elif streamed and decode.version is not None and not streams_handles(decode.version):
             cause = NoHandleCause.STREAMED_BEFORE_033

@@ -11,8 +11,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from router.errors import (
@@ -26,12 +25,11 @@ from router.errors import (
 from router.metrics import turn_bucket
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_decode
-from router.pool import Instance, Lease
+from router.pool import Instance
 from router.relay import DecodeOutput
-from router.tokens.legs import GENERATE_PATH, decode_request
+from router.turn.api import engine_api
 from router.turn.commit import commit
-from router.turn.derender import derender_whole, stream_tokens
-from router.turn.model import Prepared, TurnPath, TurnRequest
+from router.turn.model import Prepared, Started, TurnPath, TurnRequest
 from router.turn.placement import cached_on, holding, note_choice
 from router.turn.prefill import run_prefill
 from router.turn.services import TurnServices
@@ -40,38 +38,6 @@ from router.upstream import iter_sse
 __all__ = ["complete", "stream"]
 
 log = logging.getLogger("carryover.turn")
-
-
-@dataclass
-class Started:
-    """D has answered (``answer``) or begun streaming (``lines`` after ``first``). ``held``
-    owns the lease on D and the connection, whatever ends the turn."""
-
-    decode: Instance
-    prefill: Instance | None
-    lease: Lease
-    held: contextlib.AsyncExitStack
-    answer: Any = None
-    first: str | None = None
-    lines: AsyncIterator[str] | None = None
-
-
-def decode_body(
-    req: TurnRequest, ids: list[int] | None, p_params: dict[str, Any] | None
-) -> dict[str, Any]:
-    body = dict(req.body)
-    body["model"] = req.model_name
-    body["return_token_ids"] = True  # the ids D ran are the sequence its handle covers
-    # P's dict verbatim (never rewrite remote_host); no P: D computes alone and still returns
-    # a handle.
-    kv: dict[str, Any] = dict(p_params) if p_params is not None else {"do_remote_prefill": False}
-    if ids is not None:
-        if req.chat:
-            kv["prompt_token_ids"] = ids
-        else:
-            body["prompt"] = ids
-    body["kv_transfer_params"] = kv
-    return body
 
 
 def _pick_decode(
@@ -139,12 +105,8 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
         else:
             p_instance, p_params = await run_prefill(svc, req, prepared)
             decode = _pick_decode(svc, req, prepared, tried, timed_out)
-        if prepared.generate is not None:
-            body = decode_request(prepared.generate, p_params, stream=req.stream)
-            url = f"{decode.url}{GENERATE_PATH}"
-        else:
-            body = decode_body(req, prepared.ids, p_params)
-            url = f"{decode.url}{req.path}"
+        path, body = engine_api(req.model).decode(req, prepared, p_params)
+        url = f"{decode.url}{path}"
         held = contextlib.AsyncExitStack()
         lease = held.enter_context(svc.pool.lease(decode))
         try:
@@ -202,15 +164,10 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
         started.lease.succeeded()
         if not isinstance(started.answer, dict):
             raise EngineFailed("decode instance answered with a non-object body")
-        output = DecodeOutput(client_wants_ids=req.client_wants_ids)
-        if prepared.generate is not None:
-            output.collect(started.answer)
-        else:
-            data = output.body(started.answer)
+    output = DecodeOutput(client_wants_ids=req.client_wants_ids)
+    output.collect(started.answer)
     await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
-    if prepared.generate is not None:
-        # After the commit: the handle is stored even if derendering fails (the KV is right).
-        data = await derender_whole(svc, req, prepared, started.answer)
+    data = await engine_api(req.model).answer(svc, req, prepared, started.answer, output)
     svc.metrics.e2e.labels("false").observe(time.monotonic() - req.started)
     return data
 
@@ -219,26 +176,22 @@ async def stream(
     svc: TurnServices, req: TurnRequest, prepared: Prepared
 ) -> AsyncGenerator[bytes, None]:
     started = await _start(svc, req, prepared)
-    if prepared.generate is not None:
-        async for frame in stream_tokens(svc, req, prepared, started):
-            yield frame
-        return
-    assert started.first is not None and started.lines is not None
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
+    frames = engine_api(req.model).frames(svc, req, prepared, started, output)
     # A span over the whole stream, first byte to [DONE].
     started.held.enter_context(
         svc.leg(req, "decode", **{"carryover.instance": started.decode.name})
     )
     async with started.held:
         try:
-            yield output.chunk(started.first)
-            svc.metrics.ttft.labels(turn_bucket(req.turn or 1)).observe(
-                time.monotonic() - req.started
-            )
-            async for data in started.lines:
-                if data == "[DONE]":
-                    break
-                yield output.chunk(data)
+            first = True
+            async for frame in frames:
+                yield frame
+                if first:
+                    first = False
+                    svc.metrics.ttft.labels(turn_bucket(req.turn or 1)).observe(
+                        time.monotonic() - req.started
+                    )
             started.lease.succeeded()
         except UpstreamError as exc:
             # Mid-stream: the client gets an error event and [DONE], never a cut stream.
@@ -247,6 +200,8 @@ async def stream(
             yield sse_error(exc)
             yield b"data: [DONE]\n\n"
             return
+        finally:
+            await frames.aclose()
         await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
         svc.metrics.e2e.labels("true").observe(time.monotonic() - req.started)
         yield b"data: [DONE]\n\n"

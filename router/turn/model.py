@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeAlias
 
 from router.config import ModelConfig
 from router.kv.index import Cached, Prompt
+from router.pool import Instance, Lease
 from router.tracing import NO_TRACE, TurnTrace
 from state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
 
-__all__ = ["Prepared", "Relay", "TurnOutcome", "TurnPath", "TurnRequest", "path_of"]
+__all__ = [
+    "Leg",
+    "Prepared",
+    "Relay",
+    "Started",
+    "TokensPrompt",
+    "TurnOutcome",
+    "TurnPath",
+    "TurnRequest",
+    "path_of",
+]
+
+
+#: A request to one engine: its path and JSON body.
+Leg: TypeAlias = tuple[str, dict[str, Any]]
 
 
 class TurnPath(StrEnum):
@@ -65,6 +81,20 @@ class TurnRequest:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
 
 
+@dataclass(frozen=True)
+class TokensPrompt:
+    """A tokens-only model's rendered request: the render server's ``GenerateRequest``, and
+    the client's request as the render server saw it (its derender wants it back)."""
+
+    generate: dict[str, Any]
+    request: dict[str, Any]
+
+    @property
+    def ids(self) -> list[int]:
+        ids: list[int] = self.generate["token_ids"]
+        return ids
+
+
 @dataclass
 class Prepared:
     """The checked prompt and what to do with the conversation's stored handle."""
@@ -80,8 +110,7 @@ class Prepared:
     sent: bool = False  # the claimed handle (or its release) went to P
     kv_prompt: Prompt | None = None  # the ids' chain keys for the KV index, made on first use
     kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
-    # Tokens-only models: the render server's GenerateRequest for the client's request.
-    generate: dict[str, Any] | None = None
+    tokens: TokensPrompt | None = None  # tokens-only models only
 
     def spend_handle(self, path: TurnPath = TurnPath.COLD_ERROR) -> None:
         """The claimed handle was used or lost: later attempts run cold."""
@@ -92,6 +121,20 @@ class Prepared:
         """The handle goes to P now: never again, whatever happens next."""
         self.sent = True
         self.spend_handle(self.path)
+
+
+@dataclass
+class Started:
+    """D has answered (``answer``) or begun streaming (``lines`` after ``first``). ``held``
+    owns the lease on D and the connection, whatever ends the turn."""
+
+    decode: Instance
+    prefill: Instance | None
+    lease: Lease
+    held: contextlib.AsyncExitStack
+    answer: Any = None
+    first: str | None = None
+    lines: AsyncIterator[str] | None = None
 
 
 class Relay:

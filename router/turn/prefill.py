@@ -8,7 +8,7 @@ from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_cli
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_prefill
 from router.pool import Instance
-from router.tokens.legs import GENERATE_PATH, prefill_request
+from router.turn.api import engine_api
 from router.turn.commit import release_replaced
 from router.turn.model import Prepared, TurnPath, TurnRequest
 from router.turn.placement import holding, note_choice
@@ -16,33 +16,6 @@ from router.turn.services import TurnServices
 from state import StoreUnavailable
 
 __all__ = ["run_prefill"]
-
-# Fields the P leg must not carry: it generates exactly one token and never streams.
-_PREFILL_DROP = (
-    "max_completion_tokens",
-    "min_tokens",
-    "min_completion_tokens",
-    "stream_options",
-    "return_token_ids",
-    "logprobs",
-    "top_logprobs",
-    "n",
-)
-
-
-def prefill_body(req: TurnRequest, ids: list[int] | None, kv: dict[str, Any]) -> dict[str, Any]:
-    body = {k: v for k, v in req.body.items() if k not in _PREFILL_DROP}
-    body["model"] = req.model_name
-    body["max_tokens"] = 1
-    body["stream"] = False
-    kv = dict(kv)
-    if ids is not None:
-        if req.chat:
-            kv["prompt_token_ids"] = ids  # P runs exactly the checked ids (docs/request-fields.md)
-        else:
-            body["prompt"] = ids
-    body["kv_transfer_params"] = kv
-    return body
 
 
 async def run_prefill(
@@ -70,16 +43,13 @@ async def run_prefill(
                 if prepared.plan.handle is not None
                 else {"do_remote_decode": True}
             )
-            if prepared.generate is not None:
-                url, body = f"{instance.url}{GENERATE_PATH}", prefill_request(prepared.generate, kv)
-            else:
-                url, body = f"{instance.url}{req.path}", prefill_body(req, prepared.ids, kv)
+            path, body = engine_api(req.model).prefill(req, prepared, kv)
             if with_handle:
                 prepared.send_handle()
             with svc.pool.lease(instance) as lease:
                 try:
                     answer = await svc.upstream.post_json(
-                        url,
+                        f"{instance.url}{path}",
                         body,
                         timeout=svc.config.timeouts.prefill,
                         headers=req.engine_headers,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from router.errors import BadRequest, EngineUnavailable
 from router.fields import NON_TEXT_CONTENT, reuse_blockers
@@ -11,7 +10,7 @@ from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.pool import Instance
 from router.render.backends import RenderFailed
 from router.tokens.legs import mend_rendered
-from router.turn.model import Prepared, TurnPath, TurnRequest, path_of
+from router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, path_of
 from router.turn.services import TurnServices
 from state import (
     HashedTokens,
@@ -34,16 +33,16 @@ _IDS_DO_NOT_DETERMINE_KV = frozenset({NON_TEXT_CONTENT, "mm_payload", "prompt_em
 
 
 async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
-    generate: dict[str, Any] | None = None
+    tokens: TokensPrompt | None = None
     if req.model.tokens_only:
         # The render server applies every field of the request, and the engines run exactly
         # the ids it returns: nothing is left for an engine to apply unchecked.
-        generate = await _render_tokens(svc, req)
-        if generate.get("features") or generate.get("content_parts"):
+        tokens = await _render_tokens(svc, req)
+        if tokens.generate.get("features") or tokens.generate.get("content_parts"):
             prepared = await _prepare_unchecked(svc, req, [NON_TEXT_CONTENT])
-            prepared.generate = generate
+            prepared.tokens = tokens
             return prepared
-        ids: list[int] | None = generate["token_ids"]
+        ids: list[int] | None = tokens.ids
     else:
         renders = svc.renderer(req.model).renders if req.chat else _PROMPT_FIELD
         blockers = reuse_blockers(req.body, chat=req.chat, renders=renders)
@@ -73,7 +72,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         svc.metrics.prompt_tokens.labels(req.model_name, "computed").inc(
             len(ids) - decided.reused_tokens
         )
-    return Prepared(ids, hashed, record, decided, path, generate=generate)
+    return Prepared(ids, hashed, record, decided, path, tokens=tokens)
 
 
 async def _claim(svc: TurnServices, req: TurnRequest) -> tuple[Record | None, bool]:
@@ -121,17 +120,17 @@ def _plan(
     return svc.planner(record, hashed, now=svc.clock(), decode_epoch=epoch, settings=settings)
 
 
-async def _render_tokens(svc: TurnServices, req: TurnRequest) -> dict[str, Any]:
+async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
     """The render server's GenerateRequest; without it no turn can run (tokens-only engines
     cannot render), so its failure is the request's: 503, or its 4xx for a bad request."""
     check = svc.tokens_checks.get(id(req.model))
     if check is not None and check.refusal is not None:
         raise EngineUnavailable(check.refusal)
-    body = dict(req.body)
-    body["model"] = req.model_name
+    request = dict(req.body)
+    request["model"] = req.model_name
     with svc.leg(req, "render"):
         generate = mend_rendered(
-            await svc.render_server(req.model).render(body, chat=req.chat), req.body
+            await svc.render_server(req.model).render(request, chat=req.chat), req.body
         )
     if (generate.get("sampling_params") or {}).get("stop"):
         # A --tokens-only engine does not detokenize and refuses stop strings (vLLM 0.32
@@ -141,7 +140,7 @@ async def _render_tokens(svc: TurnServices, req: TurnRequest) -> dict[str, Any]:
             "use stop_token_ids",
             param="stop",
         )
-    return generate
+    return TokensPrompt(generate, request)
 
 
 async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:

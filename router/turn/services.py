@@ -22,8 +22,8 @@ from router.policy import Affinity, pick_prefill
 from router.pool import InstancePool
 from router.render.backends import Renderer
 from router.tokens.check import TokensCheck
-from router.tokens.legs import GENERATE_PATH, release_request
 from router.tokens.server import RenderServerClient
+from router.turn.api import engine_api
 from router.turn.model import TurnRequest
 from router.upstream import Upstream
 from state import HashedTokens, Plan, PlanSettings, Record, Store, plan, release_handle
@@ -120,16 +120,7 @@ class TurnServices:
         instance = pick_prefill(self.pool.available(model, "prefill"), self.rng)
         if instance is None:
             return False
-        if model.tokens_only:
-            path, body = GENERATE_PATH, release_request(model_name, release_handle(handle))
-        else:
-            path = "/v1/completions"
-            body = {
-                "model": model_name,
-                "prompt": [0],
-                "max_tokens": 1,
-                "kv_transfer_params": release_handle(handle),
-            }
+        path, body = engine_api(model).release(model_name, release_handle(handle))
         try:
             await self.upstream.post_json(
                 f"{instance.url}{path}", body, timeout=self.config.timeouts.prefill

@@ -1,0 +1,101 @@
+"""Engines serving the OpenAI API (``engine_api = "openai"``): P and D get the client's body
+with the checked ids, and D's answer goes to the client with the internal fields stripped."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+from router.relay import DecodeOutput
+from router.turn.model import Leg, Prepared, Started, TurnRequest
+
+if TYPE_CHECKING:
+    from router.turn.services import TurnServices
+
+__all__ = ["OpenAIApi", "decode_body", "prefill_body"]
+
+# Fields the P leg must not carry: it generates exactly one token and never streams.
+_PREFILL_DROP = (
+    "max_completion_tokens",
+    "min_tokens",
+    "min_completion_tokens",
+    "stream_options",
+    "return_token_ids",
+    "logprobs",
+    "top_logprobs",
+    "n",
+)
+
+
+def _with_ids(
+    req: TurnRequest, body: dict[str, Any], kv: dict[str, Any], ids: list[int] | None
+) -> None:
+    if ids is not None:
+        if req.chat:
+            kv["prompt_token_ids"] = (
+                ids  # engines run exactly the checked ids (docs/request-fields.md)
+            )
+        else:
+            body["prompt"] = ids
+    body["kv_transfer_params"] = kv
+
+
+def prefill_body(req: TurnRequest, ids: list[int] | None, kv: dict[str, Any]) -> dict[str, Any]:
+    body = {k: v for k, v in req.body.items() if k not in _PREFILL_DROP}
+    body["model"] = req.model_name
+    body["max_tokens"] = 1
+    body["stream"] = False
+    _with_ids(req, body, dict(kv), ids)
+    return body
+
+
+def decode_body(
+    req: TurnRequest, ids: list[int] | None, p_params: dict[str, Any] | None
+) -> dict[str, Any]:
+    body = dict(req.body)
+    body["model"] = req.model_name
+    body["return_token_ids"] = True  # the ids D ran are the sequence its handle covers
+    # P's dict verbatim (never rewrite remote_host); no P: D computes alone and still returns
+    # a handle.
+    kv: dict[str, Any] = dict(p_params) if p_params is not None else {"do_remote_prefill": False}
+    _with_ids(req, body, kv, ids)
+    return body
+
+
+class OpenAIApi:
+    streams_handles = True  # from vLLM 0.33 on (router/pool.py streams_handles)
+
+    def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
+        return req.path, prefill_body(req, prepared.ids, kv)
+
+    def decode(self, req: TurnRequest, prepared: Prepared, p_params: dict[str, Any] | None) -> Leg:
+        return req.path, decode_body(req, prepared.ids, p_params)
+
+    def release(self, model_name: str, kv: dict[str, Any]) -> Leg:
+        body = {"model": model_name, "prompt": [0], "max_tokens": 1, "kv_transfer_params": kv}
+        return "/v1/completions", body
+
+    async def answer(
+        self,
+        svc: TurnServices,
+        req: TurnRequest,
+        prepared: Prepared,
+        answer: dict[str, Any],
+        output: DecodeOutput,
+    ) -> bytes:
+        return output.client_body(answer)
+
+    async def frames(
+        self,
+        svc: TurnServices,
+        req: TurnRequest,
+        prepared: Prepared,
+        started: Started,
+        output: DecodeOutput,
+    ) -> AsyncGenerator[bytes, None]:
+        assert started.first is not None and started.lines is not None
+        yield output.chunk(started.first)
+        async for data in started.lines:
+            if data == "[DONE]":
+                break
+            yield output.chunk(data)

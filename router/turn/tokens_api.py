@@ -1,0 +1,133 @@
+"""Tokens-only engines (``engine_api = "tokens"``, docs/tokens-pipeline.md): P and D run the
+render server's ``GenerateRequest`` over ``/inference/v1/generate``, and D's token answer is
+derendered by the render server, whole or in batches, or detokenized here when no parser
+needs to see it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from tokenizers import Tokenizer
+
+from router.relay import DecodeOutput
+from router.tokens.answers import StreamMender, mend_whole
+from router.tokens.detok import LocalDetokenizer
+from router.tokens.legs import GENERATE_PATH, decode_request, prefill_request, release_request
+from router.tokens.stream import Coalescer, derendered_stream
+from router.turn.model import Leg, Prepared, Started, TokensPrompt, TurnRequest
+
+if TYPE_CHECKING:
+    from router.turn.services import TurnServices
+
+__all__ = ["TokensApi", "plain_detokenizer"]
+
+_encoder = msgspec.json.Encoder()
+
+
+def _tokens(prepared: Prepared) -> TokensPrompt:
+    assert prepared.tokens is not None  # prepare renders every turn of a tokens-only model
+    return prepared.tokens
+
+
+class TokensApi:
+    streams_handles = False  # vLLM's streamed generate never returns D's params (0.32, 0.33)
+
+    def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
+        return GENERATE_PATH, prefill_request(_tokens(prepared).generate, kv)
+
+    def decode(self, req: TurnRequest, prepared: Prepared, p_params: dict[str, Any] | None) -> Leg:
+        return GENERATE_PATH, decode_request(
+            _tokens(prepared).generate, p_params, stream=req.stream
+        )
+
+    def release(self, model_name: str, kv: dict[str, Any]) -> Leg:
+        return GENERATE_PATH, release_request(model_name, kv)
+
+    async def answer(
+        self,
+        svc: TurnServices,
+        req: TurnRequest,
+        prepared: Prepared,
+        answer: dict[str, Any],
+        output: DecodeOutput,
+    ) -> bytes:
+        # Called after the commit: the handle is stored even if derendering fails (the KV
+        # is right), and the failure costs the answer only.
+        tokens = _tokens(prepared)
+        with svc.leg(req, "derender"):
+            derendered = await svc.render_server(req.model).derender(
+                answer, len(tokens.ids), tokens.request, chat=req.chat
+            )
+        mended = mend_whole(
+            derendered, answer, client_wants_ids=req.client_wants_ids, chat=req.chat
+        )
+        return _encoder.encode(mended)
+
+    async def frames(
+        self,
+        svc: TurnServices,
+        req: TurnRequest,
+        prepared: Prepared,
+        started: Started,
+        output: DecodeOutput,
+    ) -> AsyncGenerator[bytes, None]:
+        assert started.first is not None and started.lines is not None
+        tokens = _tokens(prepared)
+        mender = StreamMender(client_wants_ids=req.client_wants_ids, chat=req.chat)
+        settings = req.model.tokens
+        local = plain_detokenizer(svc, req, tokens.generate)
+        coalescer = Coalescer(
+            local or svc.render_server(req.model),
+            tokens.request,
+            tokens.ids,
+            chat=req.chat,
+            mender=mender,
+            # Detokenizing here costs no call: every chunk goes out as it comes.
+            max_tokens=1 if local else settings.stream_tokens,
+            max_wait=0.0 if local else settings.stream_interval,
+            logprob_tokenizer=_logprob_tokenizer(svc, req),
+        )
+        frames = derendered_stream(started.first, started.lines, coalescer, output)
+        try:
+            async for frame in frames:
+                yield frame
+        finally:
+            await frames.aclose()
+        if mender.content:
+            output.add_content(mender.content)
+
+
+def plain_detokenizer(
+    svc: TurnServices, req: TurnRequest, generate: dict[str, Any]
+) -> LocalDetokenizer | None:
+    """A detokenizer in this process for a stream no parser needs to see: no reasoning
+    parser, no tools a tool parser would parse, no logprobs to resolve; ``None`` otherwise
+    (docs/tokens-pipeline.md)."""
+    check = svc.tokens_checks.get(id(req.model))
+    if check is None or check.vocabulary is None:
+        return None
+    sampling = generate.get("sampling_params") or {}
+    if sampling.get("logprobs") is not None or sampling.get("prompt_logprobs") is not None:
+        return None
+    if req.chat:
+        settings = req.model.tokens
+        tools = req.body.get("tools") and req.body.get("tool_choice") != "none"
+        if settings.reasoning_parser is not None or (tools and settings.tool_call_parser):
+            return None
+    return LocalDetokenizer(
+        check.vocabulary,
+        model=req.model_name,
+        skip_special_tokens=bool(sampling.get("skip_special_tokens", True)),
+    )
+
+
+def _logprob_tokenizer(svc: TurnServices, req: TurnRequest) -> Tokenizer | None:
+    """The tokenizer that fills in streamed logprobs the render server's parsed path leaves
+    out; none when the client hides reasoning (vLLM then sends no logprobs: their tokens
+    would show the reasoning) or no tokenizer here agrees with the server's."""
+    check = svc.tokens_checks.get(id(req.model))
+    if check is None or check.vocabulary is None or req.body.get("include_reasoning") is False:
+        return None
+    return check.vocabulary.tokenizer
