@@ -44,7 +44,7 @@ def mend_whole(
     """A derendered whole answer, as ``vllm serve`` gives it. ``generated``: the engine's
     generate answer it came from."""
     answer["id"] = public_id(answer.get("id"), chat=chat)
-    answer.pop("kv_transfer_params", None)
+    answer.pop("kv_transfer_params", None)  # the derender copies the engine's handle through
     engine_choices = {
         c.get("index", 0): c for c in generated.get("choices") or () if isinstance(c, dict)
     }

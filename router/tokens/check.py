@@ -18,15 +18,14 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from router.config import ModelConfig
 from router.errors import CarryoverError
 from router.render.auto import probe_chats
 from router.render.backends import LocalRenderer, local_folder
+from router.tokens.detok import Vocabulary
 from router.tokens.server import RenderServerClient
 
-__all__ = ["ServerCheck", "TokensCheck", "check_render_server"]
+__all__ = ["ServerCheck", "TokensCheck", "check_render_server", "keep_checking", "load_local"]
 
 log = logging.getLogger("carryover.tokens")
 
@@ -59,7 +58,7 @@ class TokensCheck:
         self.problems: list[str] = []
         # This process's tokenizer, once it tokenized the probes as the server does: streams
         # no parser needs to see are then detokenized here (router/tokens/detok.py).
-        self.tokenizer: Tokenizer | None = None
+        self.vocabulary: Vocabulary | None = None
 
     @property
     def refusal(self) -> str | None:
@@ -99,10 +98,11 @@ async def _derender_text(
 
 
 async def check_render_server(
-    server: RenderServerClient, model: ModelConfig, name: str
+    server: RenderServerClient, model: ModelConfig, name: str, local: LocalRenderer | None
 ) -> list[str]:
-    """What differs (empty: nothing). Raises ``CarryoverError`` when the server is not
-    reachable, to be tried again."""
+    """What differs (empty: nothing). ``local``: the files of ``render.path`` (or the bundled
+    ones), loaded once. Raises ``CarryoverError`` when the server is not reachable, to be
+    tried again."""
     problems: list[str] = []
     listed = await server.get_json("/v1/models")
     served = [m.get("id") for m in listed.get("data", ())] if isinstance(listed, dict) else []
@@ -134,7 +134,9 @@ async def check_render_server(
     elif settings.tool_call_parser in _HERMES_PARSERS and not calls:
         problems.append(f"it does not parse tool calls as {settings.tool_call_parser} would")
     if model.render.path:
-        local = LocalRenderer(local_folder(model.render))
+        if local is None:
+            problems.append(f"{model.render.path} holds no chat template this process can read")
+            return problems
         for number, chat in enumerate(probe_chats()):
             ours = await local.chat(chat, name, None)
             theirs = (await server.render({"model": name, **chat}, chat=True))["token_ids"]
@@ -152,23 +154,26 @@ _TOKENIZER_PROBES = [
 ]
 
 
-async def agreeing_tokenizer(
-    server: RenderServerClient, model: ModelConfig, name: str
-) -> Tokenizer | None:
-    """The tokenizer of ``render.path`` (the bundled Qwen3 files by default) if it gives the
-    server's ids on the probes; ``None`` otherwise (the server then derenders every stream)."""
+def load_local(model: ModelConfig) -> LocalRenderer | None:
+    """The tokenizer and template of ``render.path`` (the bundled Qwen3 files by default),
+    parsed once per model; ``None`` when they cannot be read."""
     try:
-        local = LocalRenderer(local_folder(model.render))
+        return LocalRenderer(local_folder(model.render))
     except Exception as exc:  # tokenizers raises bare Exceptions on unreadable files
-        log.info("no tokenizer in process for %s: %s", name, exc)
+        log.info("no tokenizer in process for %s: %s", model.name or "a tokens-only model", exc)
         return None
+
+
+async def tokenizer_agrees(server: RenderServerClient, local: LocalRenderer, name: str) -> bool:
+    """Whether ``local``'s tokenizer gives the server's ids on the probes (if not, the
+    server derenders every stream)."""
     for probe in _TOKENIZER_PROBES:
         answer = await server.post("/tokenize", {"model": name, "prompt": probe})
         theirs = answer.get("tokens") if isinstance(answer, dict) else None
         if await local.text(probe, name, None) != theirs:
             log.info("this process's tokenizer differs from the render server's for %s", name)
-            return None
-    return local.tokenizer
+            return False
+    return True
 
 
 async def keep_checking(
@@ -182,21 +187,24 @@ async def keep_checking(
 ) -> None:
     """Check until cancelled: every ``retry`` seconds while the server cannot be reached,
     every ``interval`` once it answered (a redeployed render server may differ)."""
+    local = await asyncio.to_thread(load_local, model)
+    vocabulary = Vocabulary.of(local.tokenizer) if local is not None else None
     while True:
         served = name()
         if served is None:
             await asyncio.sleep(retry)
             continue
         try:
-            problems = await check_render_server(server, model, served)
+            problems = await check_render_server(server, model, served, local)
         except (CarryoverError, ValueError, KeyError, IndexError, TypeError) as exc:
             log.info("render server check of %s not possible yet: %s", served, exc)
             await asyncio.sleep(retry)
             continue
         try:
-            check.tokenizer = await agreeing_tokenizer(server, model, served)
+            agrees = local is not None and await tokenizer_agrees(server, local, served)
         except CarryoverError:
-            check.tokenizer = None
+            agrees = False
+        check.vocabulary = vocabulary if agrees else None
         state = ServerCheck.MISMATCH if problems else ServerCheck.AGREES
         if state is not check.state or problems != check.problems:
             check.state, check.problems = state, problems

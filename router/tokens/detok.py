@@ -13,29 +13,39 @@ gave the render server's ids on the startup probes (router/tokens/check.py).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import Tokenizer
 
-__all__ = ["LocalDetokenizer"]
+__all__ = ["LocalDetokenizer", "Vocabulary"]
 
 # vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET, and the two more prompt ids it converts.
 _OFFSET = 5
 _SEED = _OFFSET + 2
 
 
+@dataclass(frozen=True)
+class Vocabulary:
+    """A tokenizer and its special ids, read once per model (not once per stream)."""
+
+    tokenizer: Tokenizer
+    special: frozenset[int]
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> Vocabulary:
+        decoder = tokenizer.get_added_tokens_decoder()
+        return cls(tokenizer, frozenset(i for i, token in decoder.items() if token.special))
+
+
 class LocalDetokenizer:
     """Stands in for ``RenderServerClient.derender_chunk`` (same arguments and results)."""
 
-    def __init__(self, tokenizer: Tokenizer, *, model: str, skip_special_tokens: bool) -> None:
-        self._tokenizer = tokenizer
+    def __init__(self, vocabulary: Vocabulary, *, model: str, skip_special_tokens: bool) -> None:
+        self._tokenizer = vocabulary.tokenizer
+        self._special = vocabulary.special
         self._model = model
         self._skip = skip_special_tokens
-        self._special = {
-            token_id
-            for token_id, token in tokenizer.get_added_tokens_decoder().items()
-            if token.special
-        }
         self._created = int(time.time())
 
     def _seed(self, prompt_ids: list[int]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from router.render.chat_template import ChatTemplate
-from router.tokens.detok import LocalDetokenizer
+from router.tokens.detok import LocalDetokenizer, Vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ async def test_streamed_text_adds_up_to_the_whole_answer(tokenizer: Tokenizer, s
     answer = " Hello — wörld, 日本語も。 🙂 and a  double  space\n" * 6
     prompt = _ids(tokenizer, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     output = _ids(tokenizer, answer)
-    detok = LocalDetokenizer(tokenizer, model="m", skip_special_tokens=True)
+    detok = LocalDetokenizer(Vocabulary.of(tokenizer), model="m", skip_special_tokens=True)
     texts = await _stream(detok, prompt, output, step)
     assert "".join(texts) == answer
     assert all("\ufffd" not in t for t in texts)  # no half of an emoji ever goes out
@@ -50,14 +50,14 @@ async def test_streamed_text_adds_up_to_the_whole_answer(tokenizer: Tokenizer, s
 async def test_special_tokens_are_skipped_unless_kept(tokenizer: Tokenizer) -> None:
     end = tokenizer.token_to_id("<|im_end|>")
     output = [*_ids(tokenizer, "done"), end]
-    skip = LocalDetokenizer(tokenizer, model="m", skip_special_tokens=True)
-    keep = LocalDetokenizer(tokenizer, model="m", skip_special_tokens=False)
+    skip = LocalDetokenizer(Vocabulary.of(tokenizer), model="m", skip_special_tokens=True)
+    keep = LocalDetokenizer(Vocabulary.of(tokenizer), model="m", skip_special_tokens=False)
     assert "".join(await _stream(skip, [1, 2], output, 1)) == "done"
     assert "".join(await _stream(keep, [1, 2], output, 1)) == "done<|im_end|>"
 
 
 async def test_completions_chunks_and_usage(tokenizer: Tokenizer) -> None:
-    detok = LocalDetokenizer(tokenizer, model="m", skip_special_tokens=True)
+    detok = LocalDetokenizer(Vocabulary.of(tokenizer), model="m", skip_special_tokens=True)
     chunk = {"request_id": "r", "choices": [{"index": 0, "token_ids": _ids(tokenizer, "ok")}]}
     out, state = await detok.derender_chunk(chunk, None, [5, 6, 7], {}, chat=False)
     assert out["object"] == "text_completion" and out["choices"][0]["text"] == "ok"
