@@ -8,8 +8,6 @@ instance keeps a core busy, so stop them when done.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -20,6 +18,14 @@ import httpx
 
 from bench.ports import free_port
 from bench.real.env import ensure_env, env_dir
+from bench.real.process import (
+    StartTimedOut,
+    offline_env,
+    spawn,
+    stop_group,
+    vllm_module,
+    wait_healthy,
+)
 from router.render.chat_template import bundled_qwen3_dir
 
 __all__ = ["SERVED_NAME", "EngineDied", "VllmInstance", "VllmPair", "ensure_model"]
@@ -28,36 +34,9 @@ SERVED_NAME = "tiny-qwen3"
 CPU_BLOCK_SIZE = 128  # vLLM's CPU build
 
 
-class _StartTimedOut(RuntimeError):
-    pass
-
-
 class EngineDied(RuntimeError):
     """An instance exited during the warm-up (seen here: a first NIXL transfer whose worker
     hung until vLLM's five-minute RPC deadline killed the engine); the pair is started anew."""
-
-
-def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_group_gone(popen: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Reap the leader, then poll until no process of its group is left."""
-    deadline = time.monotonic() + timeout
-    try:
-        popen.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return False
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(popen.pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def ensure_model() -> Path:
@@ -123,14 +102,7 @@ class VllmPair:
         if producer:
             config["kv_load_failure_policy"] = "fail"  # "recompute" hangs on a bad handle
         args = [
-            # An idle CPU engine spins a core; at a lower priority it still gets every idle
-            # cycle, and the router and the tests beside it are not starved past their timers.
-            "nice",
-            "-n",
-            "10",
-            str(env_dir() / "bin" / "python"),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
+            *vllm_module("vllm.entrypoints.openai.api_server"),
             "--model",
             str(model),
             "--served-model-name",
@@ -164,17 +136,13 @@ class VllmPair:
                 "replay_endpoint": f"tcp://*:{instance.replay_port}",
             }
             args += ["--kv-events-config", json.dumps(events)]
-        env = {
-            **os.environ,
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_CPU_OMP_THREADS_BIND": "0" if producer else "1",
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(instance.side_port),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_NO_USAGE_STATS": "1",
-            "VLLM_LOGGING_LEVEL": "DEBUG",
-        }
+        env = offline_env(
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_CPU_OMP_THREADS_BIND="0" if producer else "1",
+            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(instance.side_port),
+            VLLM_LOGGING_LEVEL="DEBUG",
+        )
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         return args, env
@@ -186,7 +154,7 @@ class VllmPair:
             try:
                 self._start_once(timeout)
                 return
-            except _StartTimedOut:
+            except StartTimedOut:
                 self.stop()
                 if attempt == attempts:
                     raise
@@ -207,26 +175,23 @@ class VllmPair:
         self.decode.log = self.log_dir / f"decode-{stamp}.log"
         for instance in (self.prefill, self.decode):
             args, env = self._command(instance, model)
-            log = open(instance.log, "ab")  # noqa: SIM115 - owned by the child
-            instance.popen = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
+            instance.popen = spawn(args, instance.log, env)
         deadline = time.monotonic() + timeout
         for instance in (self.prefill, self.decode):
-            while True:
-                assert instance.popen is not None
-                if instance.popen.poll() is not None:
-                    tail = instance.log.read_text()[-3000:]
-                    self.stop()
-                    raise RuntimeError(f"vLLM {instance.role} exited during start:\n{tail}")
-                try:
-                    if httpx.get(instance.url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise _StartTimedOut(f"vLLM {instance.role} did not start within {timeout:g} s")
-                time.sleep(1)
+            assert instance.popen is not None
+            try:
+                wait_healthy(
+                    instance.popen,
+                    instance.url,
+                    instance.log,
+                    deadline=deadline,
+                    what=f"vLLM {instance.role}",
+                )
+            except StartTimedOut:
+                raise
+            except RuntimeError:
+                self.stop()
+                raise
 
     def warm_up(self, timeout: float = 900.0) -> None:
         """A full bidirectional cycle (P->D, then D->P and P->D again) and a first sampled
@@ -294,19 +259,10 @@ class VllmPair:
             time.sleep(1)  # a failed attempt returned at once: do not spin on it
 
     def stop(self) -> None:
-        """SIGTERM to each instance's whole process group, then wait until every member is
-        gone: the engine-core children outlive the API server by seconds, and a new pair
-        started beside them hung in the kernel (``migrate_pages``) for minutes here."""
-        for instance in (self.prefill, self.decode):
-            if instance is None or instance.popen is None:
-                continue
-            _signal_group(instance.popen.pid, signal.SIGTERM)
-        for instance in (self.prefill, self.decode):
-            if instance is None or instance.popen is None:
-                continue
-            if not _wait_group_gone(instance.popen, timeout=30):
-                _signal_group(instance.popen.pid, signal.SIGKILL)
-                _wait_group_gone(instance.popen, timeout=30)
+        """Both instances' process groups, gone (``stop_group``)."""
+        running = [i for i in (self.prefill, self.decode) if i is not None and i.popen]
+        stop_group(*(i.popen for i in running if i.popen is not None))
+        for instance in running:
             instance.popen = None
 
     def restart(self, timeout: float = 420.0) -> None:

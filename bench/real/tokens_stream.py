@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -40,8 +38,8 @@ import httpx
 
 from bench.ports import free_port
 from bench.proctree import cpu_seconds
-from bench.real.env import env_dir
 from bench.real.launch import SERVED_NAME, ensure_model
+from bench.real.process import offline_env, spawn, stop_group, vllm_module, wait_healthy
 from bench.real.render import RenderServerProcess
 
 __all__ = ["main"]
@@ -59,9 +57,7 @@ def _own_cpu(pid: int) -> float:
 def _engine(log: Path, *extra: str) -> Iterator[tuple[str, int]]:
     port = free_port()
     args = [
-        str(env_dir() / "bin" / "python"),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
+        *vllm_module("vllm.entrypoints.openai.api_server", nice=False),
         "--model",
         str(ensure_model()),
         "--served-model-name",
@@ -79,30 +75,13 @@ def _engine(log: Path, *extra: str) -> Iterator[tuple[str, int]]:
         str(port),
         *extra,
     ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    env.update(TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    popen = spawn(args, log, offline_env(VLLM_CPU_KVCACHE_SPACE="1"))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if popen.poll() is not None:
-                raise RuntimeError(f"engine exited:\n{log.read_text()[-2000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("engine did not start")
-            time.sleep(1)
+        wait_healthy(popen, url, log, deadline=time.monotonic() + 600, what="the engine")
         yield url, popen.pid
     finally:
-        os.killpg(popen.pid, signal.SIGTERM)
-        popen.wait(timeout=60)
+        stop_group(popen, timeout=60)
 
 
 @contextmanager
@@ -129,8 +108,7 @@ def _router(log: Path, decode: str, render: str, stream_tokens: int) -> Iterator
         "300",
         *PARSERS,
     ]
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    popen = spawn(args, log, dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -149,8 +127,7 @@ def _router(log: Path, decode: str, render: str, stream_tokens: int) -> Iterator
             time.sleep(0.2)
         yield url, popen.pid
     finally:
-        os.killpg(popen.pid, signal.SIGTERM)
-        popen.wait(timeout=60)
+        stop_group(popen, timeout=60)
 
 
 def _request(nonce: int, max_tokens: int) -> dict[str, Any]:
