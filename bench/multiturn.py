@@ -30,8 +30,12 @@ ARMS: dict[str, list[str] | None] = {
     "carryover-decode-local": ["--decode-local-max-tokens", "512"],
     # The index with another price of load in tokens (router/policy.py); 0: any holding wins.
     "carryover-tokens-per-load": ["--affinity-tokens-per-load", "0"],
+    # Tokens-only engines: a render server renders and derenders (docs/tokens-pipeline.md).
+    "carryover-tokens": ["--engine-api", "tokens", "--reasoning-parser", "qwen3"],
     "colocated": None,
 }
+#: Arms whose engines run --tokens-only beside a render server.
+TOKENS = frozenset({"carryover-tokens"})
 #: Arms whose engines publish KV events that the router indexes (docs/kv-events.md).
 INDEXED = frozenset(
     {"carryover", "carryover-unchecked", "carryover-decode-local", "carryover-tokens-per-load"}
@@ -107,6 +111,10 @@ def _run_sim_arm(
             engines.append(("colocated", engine))
         else:
             events = indexed(arm)
+            if arm in TOKENS:
+                render = topo.sim_render("render", model=model, reasoning_parser="qwen3")
+                flags = [*flags, "--render", render.url]
+                sim_flags = [*sim_flags, "--tokens-only"]
             ps = [
                 topo.sim(
                     f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags, kv_events=events

@@ -124,6 +124,15 @@ class Topology:
         process.kv_events = events
         return process
 
+    def sim_render(
+        self, name: str, *, model: str = "sim-qwen3", reasoning_parser: str | None = None
+    ) -> Process:
+        """A simulated render server for ``--tokens-only`` simulated engines."""
+        args = ["sim-render", model, "--port", str(free_port())]
+        if reasoning_parser is not None:
+            args += ["--reasoning-parser", reasoning_parser]
+        return self._spawn(name, args)
+
     def router(
         self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str
     ) -> Process:

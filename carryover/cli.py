@@ -1,6 +1,6 @@
 """``carryover COMMAND``: hands each command to the package that owns it.
 
-``serve`` is the router's (``router.cli``); ``sim``, ``bench`` and ``demo`` are the
+``serve`` is the router's (``router.cli``); ``sim``, ``sim-render``, ``bench`` and ``demo`` are the
 benchmark's (``bench``). The router never imports the benchmark, so ``carryover serve`` runs
 without the ``bench`` extra (plotting) installed.
 """
@@ -17,6 +17,7 @@ _USAGE = """usage: carryover COMMAND [ARGS]
 commands:
   serve   run the router in front of vLLM prefill/decode instances
   sim     run a simulated vLLM instance (same flags as vllm serve, plus --sim-*)
+  sim-render  run a simulated vLLM render server (for --tokens-only simulated engines)
   bench   multi-turn benchmark (turn-N vs turn-1 TTFT) and router overhead
   demo    simulated engines + router + in-process state: a turn-by-turn TTFT report
 """
@@ -36,6 +37,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from bench.sim.cli import main as sim_main
 
         sim_main(rest)
+    elif command == "sim-render":
+        from bench.sim.cli import main as sim_main
+
+        sim_main(rest, render=True)
     elif command == "bench":
         from bench.cli import main as bench_main
 

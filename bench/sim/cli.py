@@ -1,7 +1,10 @@
-"""``carryover sim MODEL --port N …``: one simulated vLLM instance in its own process."""
+"""``carryover sim MODEL --port N …``: one simulated vLLM instance in its own process;
+``carryover sim-render MODEL --port N [--reasoning-parser qwen3]``: a simulated render server
+(``vllm launch render``) for ``--tokens-only`` simulated engines."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -9,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from bench.sim.config import parse_sim_args
+from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
 
 
@@ -21,15 +25,43 @@ async def _serve(argv: Sequence[str]) -> None:
         f"(engine {server.engine.engine_id}, role {config.kv_transfer and config.kv_transfer.kv_role})",
         flush=True,
     )
+    await _until_stopped()
+    await server.stop()
+
+
+async def _serve_render(argv: Sequence[str]) -> None:
+    p = argparse.ArgumentParser(prog="carryover sim-render", description=__doc__)
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8010)
+    p.add_argument("--served-model-name")
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--reasoning-parser", choices=["qwen3"])
+    args = p.parse_args(list(argv))
+    server = SimRenderServer(
+        RenderSimConfig(
+            served_model_name=args.served_model_name or args.model,
+            host=args.host,
+            port=args.port,
+            max_model_len=args.max_model_len,
+            reasoning_parser=args.reasoning_parser,
+        )
+    )
+    await server.start()
+    print(f"carryover sim-render: {server.config.served_model_name} on {server.url}", flush=True)
+    await _until_stopped()
+    await server.stop()
+
+
+async def _until_stopped() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await server.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, *, render: bool = False) -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -39,4 +71,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio also works
         pass
-    asyncio.run(_serve(sys.argv[1:] if argv is None else argv))
+    serve = _serve_render if render else _serve
+    asyncio.run(serve(sys.argv[1:] if argv is None else argv))

@@ -58,6 +58,8 @@ class SimConfig(msgspec.Struct, kw_only=True):
     side_channel_host: str = "localhost"
     side_channel_port: int = 5600
     vllm_version: str = "0.33.0"
+    # --tokens-only: /inference/v1/generate alone (the OpenAI generation endpoints answer 404).
+    tokens_only: bool = False
     noncanonical_outputs: bool = False
     timing: Timing = Timing()
     error_rate: float = 0.0
@@ -110,6 +112,7 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--dtype", "--load-format", "--gpu-memory-utilization", "--tensor-parallel-size"):
         p.add_argument(flag)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--tokens-only", action="store_true")
     p.add_argument("--sim-num-blocks", type=int, default=32768, help="KV capacity in blocks")
     p.add_argument("--sim-speed", type=float, default=1.0, help="delay multiplier (0: none)")
     p.add_argument("--sim-timing", type=json.loads, default={}, help="Timing fields as JSON")
@@ -149,6 +152,7 @@ def parse_sim_args(argv: Sequence[str], environ: dict[str, str] | None = None) -
         side_channel_host=env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
         side_channel_port=int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")),
         vllm_version=args.sim_vllm_version,
+        tokens_only=args.tokens_only,
         noncanonical_outputs=args.sim_noncanonical_outputs,
         timing=msgspec.convert(timing_fields, Timing),
         error_rate=args.sim_error_rate,

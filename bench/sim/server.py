@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import secrets
@@ -16,6 +17,7 @@ from aiohttp import web
 from bench.sim.answers import split_reasoning
 from bench.sim.config import SimConfig
 from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
+from bench.sim.generate_api import generate
 from router.render.chat_template import ChatTemplate, RenderInputError
 
 __all__ = ["SimServer"]
@@ -71,6 +73,7 @@ class SimServer:
             [
                 web.post("/v1/chat/completions", self.chat),
                 web.post("/v1/completions", self.completions),
+                web.post("/inference/v1/generate", functools.partial(generate, self)),
                 web.post("/tokenize", self.tokenize),
                 web.post("/detokenize", self.detokenize),
                 web.post("/v1/chat/completions/render", self.render),
@@ -102,7 +105,7 @@ class SimServer:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def body_of(self, request: web.Request) -> dict[str, Any]:
         try:
             body = _decode.decode(await request.read())
         except msgspec.DecodeError as exc:
@@ -111,7 +114,7 @@ class SimServer:
             raise EngineError(400, "the body must be a JSON object")
         return body
 
-    def _check_model(self, body: dict[str, Any]) -> str:
+    def check_model(self, body: dict[str, Any]) -> str:
         model = body.get("model") or self.config.served_model_name
         if model != self.config.served_model_name:
             raise EngineError(404, f"The model `{model}` does not exist.", "NotFoundError")
@@ -184,7 +187,7 @@ class SimServer:
             raise EngineError(400, "stop must be a string or a list of strings")
         return {"max_tokens": max_tokens, "stop": stop, "ignore_eos": bool(body.get("ignore_eos"))}
 
-    async def _faults_before(self) -> web.Response | None:
+    async def faults_before(self) -> web.Response | None:
         if self.faults.slow:
             await asyncio.sleep(self.faults.slow)
         if self.faults.hang:
@@ -205,12 +208,14 @@ class SimServer:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        fault = await self._faults_before()
+        if self.config.tokens_only:
+            return _error(404, "Not Found: a --tokens-only server has no OpenAI generation")
+        fault = await self.faults_before()
         if fault is not None:
             return fault
         try:
-            body = await self._body(request)
-            model = self._check_model(body)
+            body = await self.body_of(request)
+            model = self.check_model(body)
             kv = body.get("kv_transfer_params")
             if kv is not None and not isinstance(kv, dict):
                 raise EngineError(400, "kv_transfer_params must be an object")
@@ -470,8 +475,8 @@ class SimServer:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await self._body(request)
-            self._check_model(body)
+            body = await self.body_of(request)
+            self.check_model(body)
             if "messages" in body:
                 tokens = await asyncio.to_thread(self._render_chat, body)
             else:
@@ -492,7 +497,7 @@ class SimServer:
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:
-            body = await self._body(request)
+            body = await self.body_of(request)
             tokens = body.get("tokens")
             if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
                 raise EngineError(400, "tokens must be a list of token ids")
@@ -503,8 +508,8 @@ class SimServer:
     async def render(self, request: web.Request) -> web.Response:
         """``/v1/chat/completions/render`` of vLLM's render server: the prompt ids it runs."""
         try:
-            body = await self._body(request)
-            model = self._check_model(body)
+            body = await self.body_of(request)
+            model = self.check_model(body)
             tokens = await asyncio.to_thread(self._render_chat, body)
         except EngineError as exc:
             return _error(exc.status, str(exc), exc.kind)
@@ -576,7 +581,7 @@ class SimServer:
         ``{"drop_kv_events": n}`` (the next n event batches miss the PUB socket, not the replay
         buffer) act once; the other fields stay set."""
         try:
-            body = await self._body(request)
+            body = await self.body_of(request)
         except EngineError as exc:
             return _error(exc.status, str(exc))
         if body.pop("kill", False):

@@ -15,11 +15,13 @@ from typing import Any
 
 import httpx
 
+from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
 from tests.support.metrics import ascrape
+from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
-from tests.support.sims import qwen3, sim_config
+from tests.support.sims import MODEL, qwen3, sim_config
 from tests.support.stack import chat_turn
 
 TEXT = "[{cid} {turn}] Tell me about the rivers, stones and seasons of an old garden and its gardener. "
@@ -35,6 +37,7 @@ class Harness:
     routers: list[RouterProcess]
     client: httpx.AsyncClient
     dead_routers: set[int] = field(default_factory=set)
+    tokens_render: SimRenderServer | None = None  # tokens-only engines' render server
 
     def router_url(self, turn: int) -> str:
         live = [i for i in range(len(self.routers)) if i not in self.dead_routers]
@@ -71,12 +74,15 @@ async def harness(
     d_sim: dict[str, Any] | None = None,
     p_sim: dict[str, Any] | None = None,
     with_render: bool = False,
+    tokens: bool = False,
 ) -> AsyncIterator[Harness]:
+    """``tokens``: ``--tokens-only`` P and D and a simulated render server
+    (``engine_api = "tokens"``); the reference engine serves the OpenAI API."""
     async with AsyncExitStack() as exits:
         redis = RedisServer(tmp_path / "redis")
         redis.start()
         exits.callback(redis.kill)
-        common = {"threshold": 16}
+        common: dict[str, Any] = {"threshold": 16, "tokens_only": tokens}
         prefill = [
             await _start(SimServer(sim_config("kv_producer", **common, **(p_sim or {})), qwen3()))
             for _ in range(2)
@@ -86,6 +92,13 @@ async def harness(
             for _ in range(2)
         ]
         reference = await _start(SimServer(sim_config(None), qwen3()))
+        tokens_render: SimRenderServer | None = None
+        if tokens:
+            tokens_render = SimRenderServer(
+                RenderSimConfig(served_model_name=MODEL, port=free_port()), qwen3()
+            )
+            await tokens_render.start()
+            exits.push_async_callback(tokens_render.stop)
         render = await _start(SimServer(sim_config(None), qwen3())) if with_render else None
         h_servers = [prefill, decode]
 
@@ -104,6 +117,8 @@ async def harness(
             args += ["--decode", d.url]
         if render is not None:
             args += ["--render", render.url]
+        if tokens_render is not None:
+            args += ["--engine-api", "tokens", "--render", tokens_render.url]
         args += [
             "--redis",
             redis.url,
@@ -121,7 +136,9 @@ async def harness(
         ]
         routers = [RouterProcess(args, tmp_path) for _ in range(2)]
         client = await exits.enter_async_context(httpx.AsyncClient(timeout=30))
-        harness_obj = Harness(redis, prefill, decode, reference, render, routers, client)
+        harness_obj = Harness(
+            redis, prefill, decode, reference, render, routers, client, tokens_render=tokens_render
+        )
         exits.push_async_callback(stop_all)
         for router in routers:
             exits.callback(router.stop)

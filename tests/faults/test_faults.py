@@ -243,6 +243,40 @@ async def test_render_backend_down(tmp_path: Path) -> None:
         assert outcome.paths["cold-error"] > 0 and outcome.failed == 0
 
 
+async def test_tokens_only_decode_killed_mid_stream_and_restarted(tmp_path: Path) -> None:
+    async with harness(tmp_path, tokens=True) as h:
+
+        async def kill() -> None:
+            await h.decode[0].stop()
+
+        async def restart() -> None:
+            await h.replace(h.decode, 0)
+
+        await run_case(
+            h,
+            "tokens-only engines: decode killed mid-stream, restarted",
+            kill,
+            restart,
+            note="as with OpenAI engines; a streamed turn stores no handle (vLLM's generate stream has none)",
+        )
+
+
+async def test_tokens_only_render_server_down(tmp_path: Path) -> None:
+    async with harness(tmp_path, tokens=True) as h:
+        render = h.tokens_render
+        assert render is not None
+
+        outcome = await run_case(
+            h,
+            "tokens-only engines: render server down",
+            render.stop,
+            render.start,
+            note="refused with 503 (tokens-only engines cannot render); reuse resumes when it is back",
+        )
+        assert outcome.failed > 0
+        assert {status for status, _ in outcome.refusals} == {503}, outcome.refusals
+
+
 async def test_router_killed_mid_stream(tmp_path: Path) -> None:
     async with harness(tmp_path) as h:
         victim = h.routers[0]

@@ -12,9 +12,11 @@ from typing import Any
 
 import httpx
 
+from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
+from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess
-from tests.support.sims import MODEL, running, sim_config
+from tests.support.sims import MODEL, qwen3, running, sim_config
 
 
 @dataclass
@@ -25,6 +27,7 @@ class Stack:
     routers: list[RouterProcess]
     client: httpx.AsyncClient
     log_dir: Path
+    render: SimRenderServer | None = None  # tokens-only engines: their render server
 
     @property
     def router(self) -> RouterProcess:
@@ -57,18 +60,39 @@ async def stack(
     sim: dict[str, Any] | None = None,
     p_sim: dict[str, Any] | None = None,
     d_sim: dict[str, Any] | None = None,
+    tokens: bool = False,
+    reasoning_parser: str | None = None,
 ) -> AsyncIterator[Stack]:
+    """``tokens``: P and D are ``--tokens-only`` engines and a simulated render server (with
+    ``reasoning_parser``) renders and derenders; the reference engine serves the OpenAI API."""
     common = sim or {}
+    engine_sim = {**common, "tokens_only": True} if tokens else common
     async with AsyncExitStack() as exits:
+        render: SimRenderServer | None = None
+        if tokens:
+            render = SimRenderServer(
+                RenderSimConfig(
+                    served_model_name=MODEL,
+                    port=free_port(),
+                    max_model_len=common.get("max_model_len", 32768),
+                    reasoning_parser=reasoning_parser,
+                ),
+                qwen3(),
+            )
+            await render.start()
+            exits.push_async_callback(render.stop)
+            router_flags = ("--engine-api", "tokens", "--render", render.url, *router_flags)
+            if reasoning_parser is not None:
+                router_flags = (*router_flags, "--reasoning-parser", reasoning_parser)
         p_list = [
             await exits.enter_async_context(
-                running(sim_config("kv_producer", **{**common, **(p_sim or {})}))
+                running(sim_config("kv_producer", **{**engine_sim, **(p_sim or {})}))
             )
             for _ in range(prefills)
         ]
         d_list = [
             await exits.enter_async_context(
-                running(sim_config("kv_consumer", **{**common, **(d_sim or {})}))
+                running(sim_config("kv_consumer", **{**engine_sim, **(d_sim or {})}))
             )
             for _ in range(decodes)
         ]
@@ -81,7 +105,7 @@ async def stack(
             exits.callback(proc.stop)
             await proc.start()
         client = await exits.enter_async_context(httpx.AsyncClient(timeout=30))
-        yield Stack(p_list, d_list, reference, procs, client, log_dir)
+        yield Stack(p_list, d_list, reference, procs, client, log_dir, render)
 
 
 @dataclass
