@@ -68,6 +68,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--stream-interval", type=float, help="tokens: and at least every this many seconds"
     )
+    p.add_argument(
+        "--no-capture-streamed-handles",
+        action="store_true",
+        help="tokens: leave streamed turns without a handle (no one-token capture on D)",
+    )
     p.add_argument("--redis", metavar="URL", help="shared state (default: in-process)")
     p.add_argument("--block-size", type=int)
     p.add_argument("--decoder-kv-blocks-ttl", type=float)
@@ -251,6 +256,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             ("tool_call_parser", pick(args.tool_call_parser, "TOOL_CALL_PARSER")),
             ("stream_tokens", pick(args.stream_tokens, "STREAM_TOKENS", int)),
             ("stream_interval", pick(args.stream_interval, "STREAM_INTERVAL", float)),
+            ("capture_streamed_handles", False if args.no_capture_streamed_handles else None),
         ):
             if value is not None:
                 tokens[key] = value

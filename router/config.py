@@ -107,12 +107,17 @@ class TokensConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             many (one render-server call per batch, not per token; the first token is never
             held back).
         stream_interval: and at least every this many seconds while tokens wait.
+        capture_streamed_handles: vLLM's streamed generate returns no handle, though D keeps
+            the blocks; a one-token request for the whole sequence on the same D, answered
+            from its prefix cache, takes one before the stream's ``[DONE]``, so the next
+            turn reuses it (docs/tokens-pipeline.md). Off: streamed turns leave no handle.
     """
 
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     stream_tokens: int = 8
     stream_interval: float = 0.05
+    capture_streamed_handles: bool = True
 
     def __post_init__(self) -> None:
         if self.stream_tokens < 1 or self.stream_interval < 0:

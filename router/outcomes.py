@@ -12,8 +12,11 @@ class NoHandleCause(StrEnum):
 
     STREAMED_BEFORE_033 = "streamed_before_0.33"  #: vLLM 0.32 streams return none
     STOP_STRING = "stop_string"  #: vLLM aborts on a stop string: no handle, blocks freed
-    #: vLLM's streamed /inference/v1/generate never returns D's params (0.32 and 0.33)
+    #: vLLM's streamed /inference/v1/generate never returns D's params (0.32 and 0.33),
+    #: and no capture was tried (``tokens.capture_streamed_handles`` off)
     STREAMED_GENERATE = "streamed_generate"
+    #: the one-token request that takes a streamed generate's handle failed
+    CAPTURE_FAILED = "capture_failed"
     NONE_RETURNED = "none_returned"
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from router.errors import EngineFailed
+from router.outcomes import NoHandleCause
 
 __all__ = ["DecodeOutput", "parse_chunk"]
 
@@ -40,6 +41,7 @@ class DecodeOutput:
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.saw_content = False
+        self.no_handle: NoHandleCause | None = None  # why, when the engine API knows better
         self._content: list[str] = []  # choice 0's message content (chat), as the client got it
 
     @property

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "GENERATE_PATH",
     "SAMPLING_DEFAULT_MAX_TOKENS",
+    "capture_request",
     "decode_request",
     "mend_rendered",
     "prefill_request",
@@ -70,6 +71,23 @@ def decode_request(
     )
     body["return_token_ids"] = True  # the ids D ran are the sequence its handle covers
     body["stream"] = stream
+    return body
+
+
+def capture_request(generate: dict[str, Any], sequence: list[int]) -> dict[str, Any]:
+    """One token after a streamed answer's whole sequence (prompt and answer), computed by D
+    alone (``do_remote_prefill: false``): its non-streamed answer carries the handle of the
+    sequence. The cache salt stays, so D's prefix cache finds the stream's blocks."""
+    body: dict[str, Any] = {
+        "request_id": f"{generate.get('request_id') or 'turn'}-capture",
+        "token_ids": sequence,
+        "sampling_params": {"max_tokens": 1},
+        "kv_transfer_params": {"do_remote_prefill": False},
+        "stream": False,
+    }
+    for name in ("model", "cache_salt"):
+        if generate.get(name) is not None:
+            body[name] = generate[name]
     return body
 
 

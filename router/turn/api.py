@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from router.config import ModelConfig
+from router.pool import Instance
 from router.relay import DecodeOutput
 from router.turn.model import Leg, Prepared, Started, TurnRequest
 from router.turn.openai_api import OpenAIApi
@@ -57,6 +58,18 @@ class EngineApi(Protocol):
     ) -> AsyncGenerator[bytes, None]:
         """D's stream as the client's SSE frames up to D's ``[DONE]`` (not included), each
         chunk collected into ``output`` on the way."""
+        ...
+
+    async def after_stream(
+        self,
+        svc: TurnServices,
+        req: TurnRequest,
+        prepared: Prepared,
+        output: DecodeOutput,
+        decode: Instance,
+    ) -> None:
+        """Once D's stream ended well, before the commit: whatever the commit still needs
+        (the handle a tokens-only stream does not return)."""
         ...
 
 

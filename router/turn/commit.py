@@ -29,7 +29,9 @@ async def commit(
 ) -> None:
     handle = output.handle
     if not isinstance(handle, dict) or not handle.get("do_remote_decode"):
-        if streamed and not engine_api(req.model).streams_handles:
+        if output.no_handle is not None:
+            cause = output.no_handle
+        elif streamed and not engine_api(req.model).streams_handles:
             cause = NoHandleCause.STREAMED_GENERATE
         elif streamed and decode.version is not None and not streams_handles(decode.version):
             cause = NoHandleCause.STREAMED_BEFORE_033

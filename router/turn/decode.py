@@ -202,6 +202,7 @@ async def stream(
             return
         finally:
             await frames.aclose()
+        await engine_api(req.model).after_stream(svc, req, prepared, output, started.decode)
         await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
         svc.metrics.e2e.labels("true").observe(time.monotonic() - req.started)
         yield b"data: [DONE]\n\n"

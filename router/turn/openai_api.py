@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from router.pool import Instance
 from router.relay import DecodeOutput
 from router.turn.model import Leg, Prepared, Started, TurnRequest
 
@@ -99,3 +100,13 @@ class OpenAIApi:
             if data == "[DONE]":
                 break
             yield output.chunk(data)
+
+    async def after_stream(
+        self,
+        svc: TurnServices,
+        req: TurnRequest,
+        prepared: Prepared,
+        output: DecodeOutput,
+        decode: Instance,
+    ) -> None:
+        return None  # the finish chunk carried the handle (vLLM 0.33 and later)

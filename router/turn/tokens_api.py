@@ -5,16 +5,26 @@ needs to see it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from tokenizers import Tokenizer
 
+from router.errors import UpstreamError
+from router.outcomes import NoHandleCause
+from router.pool import Instance
 from router.relay import DecodeOutput
 from router.tokens.answers import StreamMender, mend_whole
 from router.tokens.detok import LocalDetokenizer
-from router.tokens.legs import GENERATE_PATH, decode_request, prefill_request, release_request
+from router.tokens.legs import (
+    GENERATE_PATH,
+    capture_request,
+    decode_request,
+    prefill_request,
+    release_request,
+)
 from router.tokens.stream import Coalescer, derendered_stream
 from router.turn.model import Leg, Prepared, Started, TokensPrompt, TurnRequest
 
@@ -24,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["TokensApi", "plain_detokenizer"]
 
 _encoder = msgspec.json.Encoder()
+log = logging.getLogger("carryover.turn")
 
 
 def _tokens(prepared: Prepared) -> TokensPrompt:
@@ -97,6 +108,49 @@ class TokensApi:
             await frames.aclose()
         if mender.content:
             output.add_content(mender.content)
+
+    async def after_stream(
+        self,
+        svc: TurnServices,
+        req: TurnRequest,
+        prepared: Prepared,
+        output: DecodeOutput,
+        decode: Instance,
+    ) -> None:
+        """vLLM's streamed generate returns no handle, though D keeps the sequence's blocks
+        (for ``decoder_kv_blocks_ttl``). A one-token request for prompt and answer on the
+        same D finds all but the last partial block in D's prefix cache, computes the rest,
+        and returns a handle for the whole sequence: the next turn reuses it."""
+        tokens = _tokens(prepared)
+        if (
+            output.handle is not None
+            or not req.model.tokens.capture_streamed_handles
+            or req.key is None
+            or not req.model.reuse
+            or not prepared.storable
+            or prepared.ids is None
+            or output.prompt_ids != prepared.ids  # the commit releases nothing it cannot check
+            or output.finish_reason not in ("stop", "length")
+        ):
+            return
+        body = capture_request(tokens.generate, [*prepared.ids, *output.output_ids])
+        try:
+            with svc.leg(req, "capture", **{"carryover.instance": decode.name}):
+                answer = await svc.upstream.post_json(
+                    f"{decode.url}{GENERATE_PATH}",
+                    body,
+                    timeout=svc.config.timeouts.prefill,
+                    headers=req.engine_headers,
+                )
+        except UpstreamError as exc:
+            log.info("capture of a streamed turn's handle failed: %s", exc.message)
+            output.no_handle = NoHandleCause.CAPTURE_FAILED
+            return
+        handle = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if not isinstance(handle, dict):
+            output.no_handle = NoHandleCause.CAPTURE_FAILED
+            return
+        output.handle = handle
 
 
 def plain_detokenizer(

@@ -26,7 +26,7 @@ from router.tokens.server import RenderServerClient
 from router.tokens.stream import Coalescer
 from router.upstream import Upstream
 from tests.real.conftest import Engines, routed, router_flags
-from tests.real.helpers import PULLED, SERVED_NAME, text, urls
+from tests.real.helpers import COMPUTED, HITS, PULLED, SERVED_NAME, text, urls
 from tests.support.metrics import ascrape
 from tests.support.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
@@ -66,7 +66,11 @@ async def tokens_router(
     redis_server: RedisServer,
     tmp_path: Path,
 ) -> AsyncIterator[RouterProcess]:
-    flags = tokens_flags(render_server, *PARSERS, "--stream-tokens", "8", "--stream-interval", "60")
+    flags = tokens_flags(
+        render_server,
+        *PARSERS,
+        *("--stream-tokens", "8", "--stream-interval", "60", "--expose-path-header"),
+    )
     async with routed(tokens_pair, redis_server, tmp_path, *flags) as router:
         yield router
 
@@ -195,6 +199,51 @@ async def test_a_streamed_tokens_turn_is_derendered_in_batches(
     )
     metrics = await ascrape(client, tokens_router.url)
     assert metrics.get("carryover_turns_without_handle_total{cause=streamed_generate}", 0) >= 1
+
+
+async def test_a_streamed_turn_s_handle_is_captured_from_d_s_cache_and_reused(
+    client: httpx.AsyncClient,
+    tokens_pair: VllmPair,
+    render_server: RenderServerProcess,
+    tokens_router: RouterProcess,
+) -> None:
+    """vLLM's streamed generate returns no handle. The router's one-token capture on D finds
+    the streamed sequence in D's prefix cache (computing only its last partial block), and
+    the next turn's P pulls the history from that handle."""
+    p_url, d_url = urls(tokens_pair)
+    nonce = uuid.uuid4().hex[:8]
+    messages = [{"role": "user", "content": text(nonce, 0, 400)}]
+    body = {**_chat(messages, max_tokens=24), "conversation_id": nonce, "stream": True}
+    before = await ascrape(client, d_url)
+    content = ""
+    async with client.stream("POST", tokens_router.url + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in msgspec.json.decode(line[6:])["choices"]:
+                    content += choice["delta"].get("content") or ""
+    after = await ascrape(client, d_url)
+    # D's prompts: the stream's (pulled from P) and the capture's, which hit D's own cache
+    # for every whole block of the sequence and computed less than a block.
+    hits = after.get(HITS, 0.0) - before.get(HITS, 0.0)
+    computed = after.get(COMPUTED, 0.0) - before.get(COMPUTED, 0.0)
+    assert hits >= 3 * 128, (hits, computed)
+    assert computed <= 2 * 128, (hits, computed)
+    metrics = await ascrape(client, tokens_router.url)
+    assert metrics.get("carryover_turns_without_handle_total{cause=capture_failed}", 0) == 0
+    messages += [
+        {"role": "assistant", "content": content},
+        {"role": "user", "content": text(nonce, 1, 40)},
+    ]
+    second = _chat(messages)
+    pulled = (await ascrape(client, p_url)).get(PULLED, 0.0)
+    r2 = await client.post(
+        tokens_router.url + "/v1/chat/completions", json={**second, "conversation_id": nonce}
+    )
+    assert r2.status_code == 200, r2.text
+    assert r2.headers.get("x-carryover-path") in ("reuse", "partial")
+    assert (await ascrape(client, p_url)).get(PULLED, 0.0) - pulled >= 128
+    _same(r2.json(), await _unrouted(client, render_server.url, d_url, second))
 
 
 async def test_a_stream_no_parser_needs_is_detokenized_in_the_router(

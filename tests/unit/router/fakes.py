@@ -42,7 +42,8 @@ class FakeEngine:
     role: str  # "prefill" | "decode" | "render" (vLLM's render server, tokens-only models)
     host: str
     requests: list[dict[str, Any]] = field(default_factory=list)
-    fail_next: list[int] = field(default_factory=list)  # statuses for the next requests
+    # Statuses for the next requests (0: that one is served).
+    fail_next: list[int] = field(default_factory=list)
     hang: asyncio.Event | None = None  # generation waits until it is set
     # The next N generation requests never connect: the connect deadline fires (the request
     # is not sent).
@@ -101,8 +102,7 @@ class FakeFleet(httpx.AsyncBaseTransport):
             except ValueError as exc:  # what the engine's template cannot render
                 return httpx.Response(400, json={"error": {"message": str(exc), "code": 400}})
         engine.requests.append(body)
-        if engine.fail_next:
-            status = engine.fail_next.pop(0)
+        if engine.fail_next and (status := engine.fail_next.pop(0)):
             return httpx.Response(status, json={"error": {"message": "injected", "code": status}})
         if engine.hang is not None:
             await engine.hang.wait()
@@ -150,12 +150,14 @@ class FakeFleet(httpx.AsyncBaseTransport):
         }
         return httpx.Response(200, json={"choices": [{"index": 0}], "kv_transfer_params": params})
 
-    def _decode(self, engine: FakeEngine, body: dict[str, Any], *, chat: bool) -> httpx.Response:
+    def _decode(
+        self, engine: FakeEngine, body: dict[str, Any], *, chat: bool, max_tokens: int | None = None
+    ) -> httpx.Response:
         kv = body.get("kv_transfer_params") or {}
         prompt = kv.get("prompt_token_ids") or body.get("prompt")
         if not isinstance(prompt, list):
             prompt = render(body["messages"]) if chat else encode(str(prompt))
-        output = encode(ANSWER)
+        output = encode(ANSWER)[:max_tokens]
         request_id = f"d-{next(self._ids)}"
         tokens = len(prompt) + len(output) - 1
         engine.holds[request_id] = Handle(tokens)
@@ -201,6 +203,7 @@ class FakeFleet(httpx.AsyncBaseTransport):
                 engine,
                 {"kv_transfer_params": {**body["kv_transfer_params"]}, "prompt": body["token_ids"]},
                 chat=False,
+                max_tokens=(body.get("sampling_params") or {}).get("max_tokens"),
             ).content
         )
         choice = {

@@ -14,7 +14,7 @@ from litestar.testing import AsyncTestClient
 from router.app import create_app
 from router.cli import load_config
 from tests.support.waiting import eventually
-from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet
+from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, encode
 from tests.unit.router.test_turn_in_process import handles_sent_to_p, history
 
 
@@ -30,7 +30,7 @@ class TokensRig:
         return await self.client.post("/v1/chat/completions", json=body)
 
 
-def _app(render_host: str) -> tuple[Any, FakeEngine, FakeEngine, FakeEngine]:
+def _app(render_host: str, *flags: str) -> tuple[Any, FakeEngine, FakeEngine, FakeEngine]:
     p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
     render = FakeEngine("render", "r0:8000")
     config = load_config(
@@ -38,6 +38,7 @@ def _app(render_host: str) -> tuple[Any, FakeEngine, FakeEngine, FakeEngine]:
             *("--prefill", p.url, "--decode", d.url, "--engine-api", "tokens"),
             *("--render", f"http://{render_host}", "--expose-path-header"),
             *("--health-interval", "0.05", "--admin-key", "k"),
+            *flags,
         ],
         environ={},
     )
@@ -81,25 +82,55 @@ async def _async(value: Any) -> Any:
     return value
 
 
-async def test_a_streamed_turn_is_derendered_and_stores_no_handle(rig: TokensRig) -> None:
+async def _stream(rig: TokensRig, messages: list[dict[str, Any]]) -> str:
     frames = []
     async with rig.client.stream(
         "POST",
         "/v1/chat/completions",
-        json={"messages": history(1), "conversation_id": "c1", "stream": True},
+        json={"messages": messages, "conversation_id": "c1", "stream": True},
     ) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 frames.append(json.loads(line[6:]))
-    text = "".join(f["choices"][0]["delta"].get("content") or "" for f in frames if f["choices"])
-    assert text == ANSWER
+    return "".join(f["choices"][0]["delta"].get("content") or "" for f in frames if f["choices"])
+
+
+async def test_a_streamed_turn_is_derendered_and_its_handle_captured(rig: TokensRig) -> None:
+    assert await _stream(rig, history(1)) == ANSWER
     # First token alone, then batches of 8: a dozen tokens in three derender calls.
     calls = [q for q in rig.render.requests if q["path"].endswith("derender") and q["stream"]]
     assert len(calls) == 3
+    # The stream returned no handle: one token after the whole sequence, on the same D,
+    # took it (computed by D alone).
+    streamed, capture = rig.d.requests[-2:]
+    answer = encode(ANSWER)
+    assert capture["token_ids"] == [*streamed["token_ids"], *answer]
+    assert capture["sampling_params"] == {"max_tokens": 1}
+    assert capture["kv_transfer_params"] == {"do_remote_prefill": False} and not capture["stream"]
+    second = await rig.chat(history(2))
+    assert second.headers["x-carryover-path"] == "reuse"
+    assert len(handles_sent_to_p(rig.p)) == 1
+
+
+async def test_a_failed_capture_leaves_the_streamed_turn_without_a_handle(rig: TokensRig) -> None:
+    rig.d.fail_next = [0, 500]  # the stream is served, the capture fails
+    assert await _stream(rig, history(1)) == ANSWER
     assert (await rig.chat(history(2))).headers["x-carryover-path"] == "cold-miss"
     metrics = (await rig.client.get("/metrics")).text
-    assert 'carryover_turns_without_handle_total{cause="streamed_generate"} 1.0' in metrics
+    assert 'carryover_turns_without_handle_total{cause="capture_failed"} 1.0' in metrics
+
+
+async def test_without_capture_a_streamed_turn_stores_no_handle() -> None:
+    app, p, d, render = _app("r0:8000", "--no-capture-streamed-handles")
+    async with AsyncTestClient(app=app) as client:
+        await eventually(lambda: client.get("/ready"), lambda r: r.status_code == 200, what="ready")
+        rig = TokensRig(client, p, d, render)
+        assert await _stream(rig, history(1)) == ANSWER
+        assert len(d.requests) == 1
+        assert (await rig.chat(history(2))).headers["x-carryover-path"] == "cold-miss"
+        metrics = (await client.get("/metrics")).text
+        assert 'carryover_turns_without_handle_total{cause="streamed_generate"} 1.0' in metrics
 
 
 async def test_stop_strings_are_refused_before_any_engine_sees_them(rig: TokensRig) -> None:
