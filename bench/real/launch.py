@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,14 @@ from bench.real.process import (
 )
 from router.render.chat_template import bundled_qwen3_dir
 
-__all__ = ["SERVED_NAME", "EngineDied", "VllmInstance", "VllmPair", "ensure_model"]
+__all__ = [
+    "SERVED_NAME",
+    "EngineDied",
+    "VllmInstance",
+    "VllmPair",
+    "ensure_model",
+    "single_engine",
+]
 
 SERVED_NAME = "tiny-qwen3"
 CPU_BLOCK_SIZE = 128  # vLLM's CPU build
@@ -49,6 +58,39 @@ def ensure_model() -> Path:
             [str(python), str(script), str(folder), str(bundled_qwen3_dir())], check=True
         )
     return folder
+
+
+@contextmanager
+def single_engine(log: Path, *extra: str) -> Iterator[tuple[str, int]]:
+    """One ``vllm serve`` of the tiny model, no P/D (``extra``: parsers, ``--tokens-only``);
+    its URL and pid, stopped with its whole group on exit."""
+    port = free_port()
+    args = [
+        *vllm_module("vllm.entrypoints.openai.api_server", nice=False),
+        "--model",
+        str(ensure_model()),
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "8",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
+    popen = spawn(args, log, offline_env(VLLM_CPU_KVCACHE_SPACE="1"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(popen, url, log, deadline=time.monotonic() + 600, what="the engine")
+        yield url, popen.pid
+    finally:
+        stop_group(popen, timeout=60)
 
 
 @dataclass

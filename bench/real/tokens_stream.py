@@ -38,8 +38,8 @@ import httpx
 
 from bench.ports import free_port
 from bench.proctree import cpu_seconds
-from bench.real.launch import SERVED_NAME, ensure_model
-from bench.real.process import offline_env, spawn, stop_group, vllm_module, wait_healthy
+from bench.real.launch import SERVED_NAME, single_engine
+from bench.real.process import spawn, stop_group
 from bench.real.render import RenderServerProcess
 
 __all__ = ["main"]
@@ -51,37 +51,6 @@ def _own_cpu(pid: int) -> float:
     """User and system CPU of one process, without its children."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def _engine(log: Path, *extra: str) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    args = [
-        *vllm_module("vllm.entrypoints.openai.api_server", nice=False),
-        "--model",
-        str(ensure_model()),
-        "--served-model-name",
-        SERVED_NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "2048",
-        "--max-num-seqs",
-        "8",
-        "--enforce-eager",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *extra,
-    ]
-    popen = spawn(args, log, offline_env(VLLM_CPU_KVCACHE_SPACE="1"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(popen, url, log, deadline=time.monotonic() + 600, what="the engine")
-        yield url, popen.pid
-    finally:
-        stop_group(popen, timeout=60)
 
 
 @contextmanager
@@ -239,7 +208,7 @@ def run(requests: int, max_tokens: int, stream_tokens: int, out: Path) -> dict[s
     results: dict[str, Any] = {"requests": requests, "max_tokens": max_tokens}
     client = httpx.Client(timeout=600)
     bodies = [_request(i, max_tokens) for i in range(requests)]
-    with _engine(out / "vllm-serve.log", *PARSERS, "--enable-auto-tool-choice") as (url, pid):
+    with single_engine(out / "vllm-serve.log", *PARSERS, "--enable-auto-tool-choice") as (url, pid):
         _openai_stream(client, url, _request(-1, 4))  # first use: warm-up
         before = _own_cpu(pid)
         streams = [_openai_stream(client, url, body) for body in bodies]
@@ -250,7 +219,7 @@ def run(requests: int, max_tokens: int, stream_tokens: int, out: Path) -> dict[s
     render.start()
     assert render.popen is not None
     try:
-        with _engine(out / "tokens-engine.log", "--tokens-only") as (engine, pid):
+        with single_engine(out / "tokens-engine.log", "--tokens-only") as (engine, pid):
             _per_chunk_stream(client, engine, render.url, _request(-1, 4))
             cpu0 = (_own_cpu(pid), cpu_seconds(render.popen.pid), time.process_time())
             streams = [_per_chunk_stream(client, engine, render.url, body) for body in bodies]

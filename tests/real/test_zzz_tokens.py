@@ -18,7 +18,7 @@ import httpx
 import msgspec
 import pytest
 
-from bench.real.launch import VllmPair
+from bench.real.launch import VllmPair, single_engine
 from bench.real.render import RenderServerProcess
 from router.config import Timeouts
 from router.tokens.answers import StreamMender, mend_whole
@@ -378,3 +378,131 @@ async def test_stop_strings_and_a_mismatched_render_server_are_refused_clearly(
         assert r.status_code == 503 and "does not match" in r.json()["error"]["message"]
     finally:
         router.stop()
+
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def _answer(client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]) -> Any:
+    """A whole answer, or a stream folded into one: text, reasoning and tool-call arguments
+    joined, finish reason, usage and logprobs of choice 0."""
+    if not body.get("stream"):
+        r = await client.post(url + path, json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+    folded: dict[str, Any] = {"text": "", "reasoning": "", "tools": "", "logprobs": []}
+    async with client.stream("POST", url + path, json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = msgspec.json.decode(line[6:])
+            folded["id"] = chunk["id"]
+            folded["usage"] = chunk.get("usage") or folded.get("usage")
+            for choice in chunk["choices"]:
+                delta = choice.get("delta") or {}
+                folded["text"] += delta.get("content") or choice.get("text") or ""
+                folded["reasoning"] += delta.get("reasoning") or ""
+                for call in delta.get("tool_calls") or ():
+                    folded["tools"] += (call.get("function") or {}).get("arguments") or ""
+                folded["logprobs"] += (choice.get("logprobs") or {}).get("content") or ()
+                folded["finish_reason"] = choice.get("finish_reason") or folded.get("finish_reason")
+    return folded
+
+
+def _close(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert [e["token"] for e in got] == [e["token"] for e in want]
+    gaps = [abs(a["logprob"] - b["logprob"]) for a, b in zip(got, want, strict=True)]
+    assert max(gaps, default=0.0) < 1e-3
+
+
+def _as_served(got: Any, want: Any, *, stream: bool) -> None:
+    usage = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [got["usage"][k] for k in usage] == [want["usage"][k] for k in usage]
+    assert got["id"].split("-")[0] == want["id"].split("-")[0]  # chatcmpl- / cmpl-
+    if stream:
+        for field in ("text", "reasoning", "tools", "finish_reason"):
+            assert got[field] == want[field], field
+        _close(got["logprobs"], want["logprobs"])
+        return
+    g, w = got["choices"][0], want["choices"][0]
+    assert g["finish_reason"] == w["finish_reason"]
+    if "message" in w:
+        for field in ("content", "reasoning"):
+            assert g["message"].get(field) == w["message"].get(field), field
+        calls = [
+            (c["function"]["name"], c["function"]["arguments"])
+            for c in w["message"].get("tool_calls") or ()
+        ]
+        assert [
+            (c["function"]["name"], c["function"]["arguments"])
+            for c in g["message"].get("tool_calls") or ()
+        ] == calls
+        _close(g["logprobs"]["content"], w["logprobs"]["content"])
+    else:
+        assert g["text"] == w["text"]
+        assert g["logprobs"]["tokens"] == w["logprobs"]["tokens"]
+
+
+async def test_answers_equal_vllm_serve_s_with_the_same_parsers(
+    client: httpx.AsyncClient,
+    engines: Engines,
+    tokens_router: RouterProcess,
+    tmp_path: Path,
+) -> None:
+    """The same requests through the router (render → P → D → derender, a second turn
+    reusing the first's handle) and to one ``vllm serve`` with the render server's parsers:
+    content, reasoning, tool calls, finish reason, usage and logprobs agree. Last in the
+    module: it stops the tokens-only pair to give the cores to ``vllm serve``."""
+    nonce = uuid.uuid4().hex[:8]
+    first = [{"role": "user", "content": text(nonce, 0, 300)}]
+    common = {"model": SERVED_NAME, "temperature": 0, "max_tokens": 24, "ignore_eos": True}
+    lp = {"logprobs": True, "top_logprobs": 2}
+    chat = "/v1/chat/completions"
+    cases: list[tuple[str, dict[str, Any], str | None]] = [
+        (chat, {**common, **lp, "messages": first}, nonce),
+        (chat, {**common, **lp, "messages": first, "tools": _TOOLS}, None),
+        (
+            chat,
+            {
+                **common,
+                **lp,
+                "messages": first,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+            None,
+        ),
+        ("/v1/completions", {**common, "prompt": text(nonce, 2, 80), "logprobs": 2}, None),
+    ]
+    routed_answers = []
+    for path, body, conversation in cases:
+        extra = {"conversation_id": conversation} if conversation else {}
+        routed_answers.append(await _answer(client, tokens_router.url, path, {**body, **extra}))
+    # The second turn of the conversation, through the stored handle.
+    reply = routed_answers[0]["choices"][0]["message"]
+    second = [
+        *first,
+        {"role": "assistant", "content": reply["content"] or ""},
+        {"role": "user", "content": text(nonce, 1, 40)},
+    ]
+    second_body = {**common, **lp, "messages": second}
+    r = await client.post(tokens_router.url + chat, json={**second_body, "conversation_id": nonce})
+    assert r.status_code == 200 and r.headers["x-carryover-path"] in ("reuse", "partial"), r.text
+    cases.append((chat, second_body, None))
+    routed_answers.append(r.json())
+
+    engines.stop()
+    serve = [*PARSERS, "--enable-auto-tool-choice"]
+    with single_engine(tmp_path / "vllm-serve.log", *serve) as (url, _):
+        for (path, body, _), got in zip(cases, routed_answers, strict=True):
+            want = await _answer(client, url, path, body)
+            _as_served(got, want, stream=bool(body.get("stream")))
