@@ -42,20 +42,26 @@ INDEXED = frozenset(
 )
 BASELINE = "carryover-no-reuse"
 #: Arms that take their one setting after a colon (``carryover-decode-local:256``).
-_SETTING = {
-    "carryover-decode-local": "--decode-local-max-tokens",
-    "carryover-tokens-per-load": "--affinity-tokens-per-load",
+_SETTING: dict[str, tuple[str, type]] = {
+    "carryover-decode-local": ("--decode-local-max-tokens", int),
+    "carryover-tokens-per-load": ("--affinity-tokens-per-load", int),
+    "carryover-tokens": ("--stream-interval", float),
 }
 
 
 def arm_flags(arm: str) -> list[str] | None:
     """The router flags of ``arm``; ``carryover-decode-local:N`` is that arm with N tokens as
-    its threshold, ``carryover-tokens-per-load:N`` with N as its price of load (to measure
+    its threshold, ``carryover-tokens-per-load:N`` with N as its price of load,
+    ``carryover-tokens:S`` with streams derendered at least every S seconds (to measure
     several in one run)."""
-    name, _, threshold = arm.partition(":")
-    if name in _SETTING and threshold:
-        return [_SETTING[name], str(int(threshold))]
-    if threshold or name not in ARMS:
+    name, _, setting = arm.partition(":")
+    if name in _SETTING and setting:
+        flag, kind = _SETTING[name]
+        flags = list(ARMS[name] or [])
+        if flag in flags:  # the arm's own default of that setting
+            del flags[flags.index(flag) : flags.index(flag) + 2]
+        return [*flags, flag, str(kind(setting))]
+    if setting or name not in ARMS:
         raise ValueError(f"unknown arm {arm!r}: one of {', '.join(ARMS)}")
     return ARMS[name]
 
@@ -111,7 +117,7 @@ def _run_sim_arm(
             engines.append(("colocated", engine))
         else:
             events = indexed(arm)
-            if arm in TOKENS:
+            if arm.partition(":")[0] in TOKENS:
                 render = topo.sim_render("render", model=model, reasoning_parser="qwen3")
                 flags = [*flags, "--render", render.url]
                 sim_flags = [*sim_flags, "--tokens-only"]

@@ -60,30 +60,26 @@ def ensure_model() -> Path:
     return folder
 
 
+_API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def _serve_args(model: Path, port: int) -> list[str]:
+    """What every engine of this tier is started with: the tiny model in float32, a 2k
+    context, eager mode (no compile time on the CPU build), loopback."""
+    return [
+        *("--model", str(model), "--served-model-name", SERVED_NAME),
+        *("--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "8"),
+        "--enforce-eager",
+        *("--host", "127.0.0.1", "--port", str(port)),
+    ]
+
+
 @contextmanager
 def single_engine(log: Path, *extra: str) -> Iterator[tuple[str, int]]:
     """One ``vllm serve`` of the tiny model, no P/D (``extra``: parsers, ``--tokens-only``);
     its URL and pid, stopped with its whole group on exit."""
     port = free_port()
-    args = [
-        *vllm_module("vllm.entrypoints.openai.api_server", nice=False),
-        "--model",
-        str(ensure_model()),
-        "--served-model-name",
-        SERVED_NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "2048",
-        "--max-num-seqs",
-        "8",
-        "--enforce-eager",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *extra,
-    ]
+    args = [*vllm_module(_API_SERVER, nice=False), *_serve_args(ensure_model(), port), *extra]
     popen = spawn(args, log, offline_env(VLLM_CPU_KVCACHE_SPACE="1"))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -144,26 +140,10 @@ class VllmPair:
         if producer:
             config["kv_load_failure_policy"] = "fail"  # "recompute" hangs on a bad handle
         args = [
-            *vllm_module("vllm.entrypoints.openai.api_server"),
-            "--model",
-            str(model),
-            "--served-model-name",
-            SERVED_NAME,
-            "--load-format",
-            "auto",
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "2048",
-            "--max-num-seqs",
-            "8",
-            "--enforce-eager",
+            *vllm_module(_API_SERVER),
+            *_serve_args(model, instance.port),
             # usage.prompt_tokens_details.cached_tokens in answers: what P did not compute.
             "--enable-prompt-tokens-details",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(instance.port),
             "--kv-transfer-config",
             json.dumps(config),
             *(self.p_args if producer else self.d_args),

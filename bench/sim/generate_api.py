@@ -18,6 +18,7 @@ import msgspec
 from aiohttp import web
 
 from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
+from bench.sim.http import SseSender, error, ok
 
 if TYPE_CHECKING:
     from bench.sim.server import SimServer
@@ -28,8 +29,7 @@ _json = msgspec.json.Encoder()
 
 
 def _error(exc: EngineError) -> web.Response:
-    body = {"error": {"message": str(exc), "type": exc.kind, "param": None, "code": exc.status}}
-    return web.Response(status=exc.status, body=_json.encode(body), content_type="application/json")
+    return error(exc.status, str(exc), exc.kind)
 
 
 def _request(server: SimServer, body: dict[str, Any]) -> tuple[GenerationRequest, str]:
@@ -127,7 +127,7 @@ async def generate(server: SimServer, request: web.Request) -> web.StreamRespons
         "kv_transfer_params": finished.kv_params,
         "choices": [choice],
     }
-    return web.Response(body=_json.encode(answer), content_type="application/json")
+    return ok(answer)
 
 
 async def _stream(
@@ -146,17 +146,8 @@ async def _stream(
         return _error(exc)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    sent = 0
-
-    async def send(payload: dict[str, Any]) -> None:
-        nonlocal sent
-        drop = server.faults.drop_stream_after
-        if drop is not None and sent >= drop:
-            assert request.transport is not None
-            request.transport.close()
-            raise ConnectionResetError("injected stream drop")
-        await response.write(b"data: " + _json.encode(payload) + b"\n\n")
-        sent += 1
+    sender = SseSender(request, response, lambda: server.faults.drop_stream_after)
+    send = sender.send
 
     def chunk(ids: list[int], finished: Finished | None) -> dict[str, Any]:
         choice = {
@@ -167,7 +158,7 @@ async def _stream(
             "logprobs": None,
         }
         payload = {**base, "output_mode": "tokens", "choices": [choice]}
-        if with_ids and sent == 0:
+        if with_ids and sender.sent == 0:
             payload["prompt_token_ids"] = gen.prompt
         return payload
 
@@ -196,8 +187,8 @@ async def _stream(
             await response.write(b"data: [DONE]\n\n")
             break
     except EngineError as exc:
-        error = {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
-        await response.write(b"data: " + _json.encode(error) + b"\n\n")
+        failure = {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
+        await response.write(b"data: " + _json.encode(failure) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
     except ConnectionResetError:
         await events.aclose()

@@ -21,11 +21,11 @@ import msgspec
 from aiohttp import web
 
 from bench.sim.answers import split_reasoning
+from bench.sim.http import error, ok, serve
 from router.render.chat_template import ChatTemplate, RenderInputError
 
 __all__ = ["RenderSimConfig", "SimRenderServer"]
 
-_json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 _SAMPLING_DEFAULT_MAX_TOKENS = 16
 
@@ -45,16 +45,6 @@ class RenderSimConfig(msgspec.Struct, kw_only=True):
 class _Faults(msgspec.Struct):
     fail_render: int = 0  # the next N renders answer 500
     fail_derender: int = 0  # the next N derenders (whole or chunk) answer 500
-
-
-def _error(status: int, message: str) -> web.Response:
-    kind = "BadRequestError" if status < 500 else "InternalServerError"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.Response(status=status, body=_json.encode(body), content_type="application/json")
-
-
-def _ok(body: Any) -> web.Response:
-    return web.Response(body=_json.encode(body), content_type="application/json")
 
 
 class SimRenderServer:
@@ -87,9 +77,7 @@ class SimRenderServer:
 
     async def start(self) -> None:
         """Serve (again, after ``stop``: a restarted render server on the same port)."""
-        self._runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.host, self.config.port).start()
+        self._runner = await serve(self._app(), self.config.host, self.config.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -140,9 +128,8 @@ class SimRenderServer:
 
     async def render_chat(self, request: web.Request) -> web.Response:
         self.calls["render"] += 1
-        if self.faults.fail_render > 0:
-            self.faults.fail_render -= 1
-            return _error(500, "render failed (injected)")
+        if self._injected("render"):
+            return error(500, "render failed (injected)")
         try:
             body = await self._body(request)
             messages = body.get("messages")
@@ -157,7 +144,7 @@ class SimRenderServer:
             )
             sampling = self._sampling(body, len(ids), chat=True)
         except (_BadRequest, RenderInputError, ValueError, TypeError) as exc:
-            return _error(400, str(exc))
+            return error(400, str(exc))
         generate: dict[str, Any] = {
             "request_id": self._request_id(request, "chatcmpl"),
             "token_ids": ids,
@@ -171,13 +158,12 @@ class SimRenderServer:
         }
         if self.config.reasoning_parser is not None:
             generate["reasoning_parser_kwargs"] = {"chat_template_kwargs": self._kwargs(body)}
-        return _ok(generate)
+        return ok(generate)
 
     async def render_completion(self, request: web.Request) -> web.Response:
         self.calls["render"] += 1
-        if self.faults.fail_render > 0:
-            self.faults.fail_render -= 1
-            return _error(500, "render failed (injected)")
+        if self._injected("render"):
+            return error(500, "render failed (injected)")
         try:
             body = await self._body(request)
             prompt = body.get("prompt")
@@ -189,7 +175,7 @@ class SimRenderServer:
                 raise _BadRequest("prompt must be a non-empty string or a list of token ids")
             sampling = self._sampling(body, len(ids), chat=False)
         except (_BadRequest, ValueError, TypeError) as exc:
-            return _error(400, str(exc))
+            return error(400, str(exc))
         generate = {
             "request_id": self._request_id(request, "cmpl"),
             "token_ids": ids,
@@ -199,7 +185,7 @@ class SimRenderServer:
             "stream": bool(body.get("stream")),
             "stream_options": body.get("stream_options") if body.get("stream") else None,
         }
-        return _ok([generate])
+        return ok([generate])
 
     # -- derender ----------------------------------------------------------------------------
 
@@ -223,21 +209,22 @@ class SimRenderServer:
             "total_tokens": prompt_tokens + completion,
         }
 
-    def _failing_derender(self) -> web.Response | None:
-        if self.faults.fail_derender > 0:
-            self.faults.fail_derender -= 1
-            return _error(500, "derender failed (injected)")
-        return None
+    def _injected(self, call: str) -> bool:
+        """Whether this call fails: ``fail_render`` or ``fail_derender`` counts down."""
+        name = f"fail_{call}"
+        left = getattr(self.faults, name)
+        if left > 0:
+            setattr(self.faults, name, left - 1)
+        return bool(left > 0)
 
     async def derender_chat(self, request: web.Request) -> web.Response:
-        failed = self._failing_derender()
-        if failed is not None:
-            return failed
+        if self._injected("derender"):
+            return error(500, "derender failed (injected)")
         try:
             body = await self._body(request)
             if body.get("stream"):
                 self.calls["derender_chunk"] += 1
-                return _ok(self._chat_chunk(body))
+                return ok(self._chat_chunk(body))
             self.calls["derender"] += 1
             generated = body["generate_response"]
             choices = []
@@ -265,8 +252,8 @@ class SimRenderServer:
                 "kv_transfer_params": generated.get("kv_transfer_params"),
             }
         except (_BadRequest, KeyError, TypeError, ValueError) as exc:
-            return _error(400, f"bad derender request: {exc}")
-        return _ok(answer)
+            return error(400, f"bad derender request: {exc}")
+        return ok(answer)
 
     def _chat_chunk(self, body: dict[str, Any]) -> dict[str, Any]:
         chunk = body["generate_chunk"]
@@ -306,9 +293,8 @@ class SimRenderServer:
         return {"chunk": out, "stream_state": state}
 
     async def derender_completion(self, request: web.Request) -> web.Response:
-        failed = self._failing_derender()
-        if failed is not None:
-            return failed
+        if self._injected("derender"):
+            return error(500, "derender failed (injected)")
         try:
             body = await self._body(request)
             if body.get("stream"):
@@ -337,7 +323,7 @@ class SimRenderServer:
                     "choices": choices,
                     "usage": chunk.get("usage"),
                 }
-                return _ok({"chunk": out, "stream_state": state})
+                return ok({"chunk": out, "stream_state": state})
             self.calls["derender"] += 1
             responses = body["generate_responses"]
             prompt_tokens = body.get("prompt_tokens") or [0]
@@ -364,8 +350,8 @@ class SimRenderServer:
                 "kv_transfer_params": first.get("kv_transfer_params"),
             }
         except (_BadRequest, KeyError, TypeError, ValueError, IndexError) as exc:
-            return _error(400, f"bad derender request: {exc}")
-        return _ok(answer)
+            return error(400, f"bad derender request: {exc}")
+        return ok(answer)
 
     # -- the rest ----------------------------------------------------------------------------
 
@@ -376,7 +362,7 @@ class SimRenderServer:
         name = self.config.served_model_name
         card: dict[str, Any] = {"id": name, "object": "model", "owned_by": "vllm"}
         card["max_model_len"] = self.config.max_model_len
-        return _ok({"object": "list", "data": [card]})
+        return ok({"object": "list", "data": [card]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
@@ -385,9 +371,9 @@ class SimRenderServer:
             if not isinstance(prompt, str):
                 raise _BadRequest("prompt must be a string")
         except _BadRequest as exc:
-            return _error(400, str(exc))
+            return error(400, str(exc))
         tokens = self.template.encode(prompt)
-        return _ok({"count": len(tokens), "tokens": tokens, "token_strs": None})
+        return ok({"count": len(tokens), "tokens": tokens, "token_strs": None})
 
     async def set_faults(self, request: web.Request) -> web.Response:
         try:
@@ -396,5 +382,5 @@ class SimRenderServer:
             current.update(body)
             self.faults = msgspec.convert(current, _Faults)
         except (_BadRequest, msgspec.ValidationError) as exc:
-            return _error(400, str(exc))
-        return _ok({"faults": msgspec.structs.asdict(self.faults)})
+            return error(400, str(exc))
+        return ok({"faults": msgspec.structs.asdict(self.faults)})

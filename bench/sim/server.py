@@ -18,21 +18,13 @@ from bench.sim.answers import split_reasoning
 from bench.sim.config import SimConfig
 from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
 from bench.sim.generate_api import generate
+from bench.sim.http import SseSender, error, ok, serve
 from router.render.chat_template import ChatTemplate, RenderInputError
 
 __all__ = ["SimServer"]
 
 _json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
-
-
-def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.Response(status=status, body=_json.encode(body), content_type="application/json")
-
-
-def _ok(body: Any) -> web.Response:
-    return web.Response(body=_json.encode(body), content_type="application/json")
 
 
 class _Faults(msgspec.Struct):
@@ -91,11 +83,9 @@ class SimServer:
     async def start(self) -> None:
         await self.engine.start()
         # A stop is a crash as far as clients can tell: in-flight requests are cut, not drained.
-        self._runner = web.AppRunner(
-            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1
+        self._runner = await serve(
+            self.app, self.config.host, self.config.port, handler_cancellation=True
         )
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.config.host, self.config.port).start()
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -194,9 +184,9 @@ class SimServer:
             await self._hang_cleared.wait()  # until the fault is cleared, as a stall that ends
         if self.faults.fail_next > 0:
             self.faults.fail_next -= 1
-            return _error(500, "Internal server error (injected)", "InternalServerError")
+            return error(500, "Internal server error (injected)", "InternalServerError")
         if self.faults.error_rate and self._rng.random() < self.faults.error_rate:
-            return _error(500, "Internal server error (injected)", "InternalServerError")
+            return error(500, "Internal server error (injected)", "InternalServerError")
         return None
 
     # -- generation endpoints ----------------------------------------------------------------
@@ -209,7 +199,7 @@ class SimServer:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         if self.config.tokens_only:
-            return _error(404, "Not Found: a --tokens-only server has no OpenAI generation")
+            return error(404, "Not Found: a --tokens-only server has no OpenAI generation")
         fault = await self.faults_before()
         if fault is not None:
             return fault
@@ -238,7 +228,7 @@ class SimServer:
                 prompt = prompt[:-1]
             sampling = self._sampling(body, len(prompt), chat=chat)
         except EngineError as exc:
-            return _error(exc.status, str(exc), exc.kind)
+            return error(exc.status, str(exc), exc.kind)
         prefix = "chatcmpl" if chat else "cmpl"
         header_id = request.headers.get("X-Request-Id") or body.get("request_id")
         self.last_traceparent = request.headers.get("traceparent")
@@ -288,7 +278,7 @@ class SimServer:
                 else:
                     finished = event
         except EngineError as exc:
-            return _error(exc.status, str(exc), exc.kind)
+            return error(exc.status, str(exc), exc.kind)
         assert finished is not None
         usage = self._usage(gen, ids, finished)
         if meta["chat"]:
@@ -337,7 +327,7 @@ class SimServer:
                 "usage": usage,
                 "kv_transfer_params": finished.kv_params,
             }
-        return _ok(body)
+        return ok(body)
 
     @staticmethod
     def _usage(gen: GenerationRequest, ids: list[int], finished: Finished) -> dict[str, Any]:
@@ -360,23 +350,14 @@ class SimServer:
         try:
             first = await anext(events)
         except EngineError as exc:
-            return _error(exc.status, str(exc), exc.kind)
+            return error(exc.status, str(exc), exc.kind)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        chunks = 0
+        sender = SseSender(request, response, lambda: self.faults.drop_stream_after)
+        send = sender.send
         chat = meta["chat"]
         obj = "chat.completion.chunk" if chat else "text_completion"
         base = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"]}
-
-        async def send(payload: dict[str, Any]) -> None:
-            nonlocal chunks
-            drop = self.faults.drop_stream_after
-            if drop is not None and chunks >= drop:
-                assert request.transport is not None
-                request.transport.close()
-                raise ConnectionResetError("injected stream drop")
-            await response.write(b"data: " + _json.encode(payload) + b"\n\n")
-            chunks += 1
 
         if chat:
             head: dict[str, Any] = {
@@ -462,8 +443,8 @@ class SimServer:
                         await send({**base, "choices": [], "usage": self._usage(gen, ids, event)})
                     await response.write(b"data: [DONE]\n\n")
         except EngineError as exc:
-            error = {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
-            await response.write(b"data: " + _json.encode(error) + b"\n\n")
+            failure = {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
+            await response.write(b"data: " + _json.encode(failure) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
         except ConnectionResetError:
             await events.aclose()
@@ -485,8 +466,8 @@ class SimServer:
                     raise EngineError(400, "prompt must be a string")
                 tokens = self.template.encode(prompt)
         except EngineError as exc:
-            return _error(exc.status, str(exc), exc.kind)
-        return _ok(
+            return error(exc.status, str(exc), exc.kind)
+        return ok(
             {
                 "count": len(tokens),
                 "max_model_len": self.config.max_model_len,
@@ -502,8 +483,8 @@ class SimServer:
             if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
                 raise EngineError(400, "tokens must be a list of token ids")
         except EngineError as exc:
-            return _error(exc.status, str(exc), exc.kind)
-        return _ok({"prompt": self.template.decode(tokens, skip_special_tokens=False)})
+            return error(exc.status, str(exc), exc.kind)
+        return ok({"prompt": self.template.decode(tokens, skip_special_tokens=False)})
 
     async def render(self, request: web.Request) -> web.Response:
         """``/v1/chat/completions/render`` of vLLM's render server: the prompt ids it runs."""
@@ -512,9 +493,9 @@ class SimServer:
             model = self.check_model(body)
             tokens = await asyncio.to_thread(self._render_chat, body)
         except EngineError as exc:
-            return _error(exc.status, str(exc), exc.kind)
+            return error(exc.status, str(exc), exc.kind)
         header_id = request.headers.get("X-Request-Id") or secrets.token_hex(8)
-        return _ok(
+        return ok(
             {
                 "request_id": f"chatcmpl-{header_id}",
                 "token_ids": tokens,
@@ -532,7 +513,7 @@ class SimServer:
 
     async def models(self, request: web.Request) -> web.Response:
         name = self.config.served_model_name
-        return _ok(
+        return ok(
             {
                 "object": "list",
                 "data": [
@@ -549,7 +530,7 @@ class SimServer:
         )
 
     async def version(self, request: web.Request) -> web.Response:
-        return _ok({"version": self.config.vllm_version})
+        return ok({"version": self.config.vllm_version})
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.engine.refresh_gauges()
@@ -558,7 +539,7 @@ class SimServer:
     async def state(self, request: web.Request) -> web.Response:
         """Simulator-only introspection for tests and reports."""
         engine = self.engine
-        return _ok(
+        return ok(
             {
                 "engine_id": engine.engine_id,
                 "held_requests": engine.held_requests,
@@ -583,10 +564,10 @@ class SimServer:
         try:
             body = await self.body_of(request)
         except EngineError as exc:
-            return _error(exc.status, str(exc))
+            return error(exc.status, str(exc))
         if body.pop("kill", False):
             asyncio.get_running_loop().call_later(0.05, os._exit, 1)
-            return _ok({"killed": True})
+            return ok({"killed": True})
         result: dict[str, Any] = {}
         if body.pop("restart", False):
             self.engine.restart()
@@ -596,12 +577,12 @@ class SimServer:
         drop = body.pop("drop_kv_events", None)
         if drop is not None:
             if self.engine.kv_events is None or not isinstance(drop, int) or drop < 0:
-                return _error(400, "drop_kv_events takes a count >= 0 on an engine with events")
+                return error(400, "drop_kv_events takes a count >= 0 on an engine with events")
             self.engine.kv_events.drop_next = drop
         advance = body.pop("advance_clock", None)
         if advance is not None:
             if not isinstance(advance, (int, float)) or isinstance(advance, bool) or advance < 0:
-                return _error(400, "advance_clock takes a number of seconds >= 0")
+                return error(400, "advance_clock takes a number of seconds >= 0")
             self.engine.advance_clock(float(advance))
             result["clock"] = self.engine.now()
         try:
@@ -609,10 +590,10 @@ class SimServer:
             current.update(body)
             self.faults = msgspec.convert(current, _Faults)
         except msgspec.ValidationError as exc:
-            return _error(400, str(exc))
+            return error(400, str(exc))
         if not self.faults.hang:
             self._hang_cleared.set()  # requests held by the hang go on
         elif self._hang_cleared.is_set():
             self._hang_cleared = asyncio.Event()
         result["faults"] = msgspec.structs.asdict(self.faults)
-        return _ok(result)
+        return ok(result)

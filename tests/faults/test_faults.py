@@ -257,7 +257,7 @@ async def test_tokens_only_decode_killed_mid_stream_and_restarted(tmp_path: Path
             "tokens-only engines: decode killed mid-stream, restarted",
             kill,
             restart,
-            note="as with OpenAI engines; a streamed turn stores no handle (vLLM's generate stream has none)",
+            note="as with OpenAI engines; streamed turns keep their reuse through the handle captured after the stream",
         )
 
 
