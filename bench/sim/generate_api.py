@@ -14,7 +14,6 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from aiohttp import web
 
 from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     from bench.sim.server import SimServer
 
 __all__ = ["generate"]
-
-_json = msgspec.json.Encoder()
 
 
 def _error(exc: EngineError) -> web.Response:
@@ -187,9 +184,7 @@ async def _stream(
             await response.write(b"data: [DONE]\n\n")
             break
     except EngineError as exc:
-        failure = {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
-        await response.write(b"data: " + _json.encode(failure) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+        await sender.fail(str(exc), exc.kind, exc.status)
     except ConnectionResetError:
         await events.aclose()
         return response

@@ -58,3 +58,8 @@ class SseSender:
             raise ConnectionResetError("injected stream drop")
         await self._response.write(b"data: " + _json.encode(payload) + b"\n\n")
         self.sent += 1
+
+    async def fail(self, message: str, kind: str, code: int) -> None:
+        """An error event and ``[DONE]``: how vLLM ends a stream that failed mid-way."""
+        failure = {"error": {"message": message, "type": kind, "code": code}}
+        await self._response.write(b"data: " + _json.encode(failure) + b"\n\ndata: [DONE]\n\n")

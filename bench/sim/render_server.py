@@ -117,8 +117,26 @@ class SimRenderServer:
                 sampling[name] = body[name]
         return sampling
 
-    def _request_id(self, request: web.Request, prefix: str) -> str:
-        return f"{prefix}-{request.headers.get('X-Request-Id') or secrets.token_hex(8)}"
+    def _generate_request(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        ids: list[int],
+        sampling: dict[str, Any],
+        prefix: str,
+    ) -> dict[str, Any]:
+        """The ``GenerateRequest`` of one rendered prompt; its id is ``prefix`` and the
+        caller's ``X-Request-Id``."""
+        stream = bool(body.get("stream"))
+        return {
+            "request_id": f"{prefix}-{request.headers.get('X-Request-Id') or secrets.token_hex(8)}",
+            "token_ids": ids,
+            "features": None,
+            "sampling_params": sampling,
+            "model": body.get("model"),
+            "stream": stream,
+            "stream_options": body.get("stream_options") if stream else None,
+        }
 
     def _kwargs(self, body: dict[str, Any]) -> dict[str, Any]:
         kwargs = body.get("chat_template_kwargs") or {}
@@ -145,17 +163,8 @@ class SimRenderServer:
             sampling = self._sampling(body, len(ids), chat=True)
         except (_BadRequest, RenderInputError, ValueError, TypeError) as exc:
             return error(400, str(exc))
-        generate: dict[str, Any] = {
-            "request_id": self._request_id(request, "chatcmpl"),
-            "token_ids": ids,
-            "features": None,
-            "sampling_params": sampling,
-            "model": body.get("model"),
-            "reasoning_ended": None,
-            "reasoning_parser_kwargs": None,
-            "stream": bool(body.get("stream")),
-            "stream_options": body.get("stream_options") if body.get("stream") else None,
-        }
+        generate = self._generate_request(request, body, ids, sampling, "chatcmpl")
+        generate.update(reasoning_ended=None, reasoning_parser_kwargs=None)
         if self.config.reasoning_parser is not None:
             generate["reasoning_parser_kwargs"] = {"chat_template_kwargs": self._kwargs(body)}
         return ok(generate)
@@ -176,16 +185,7 @@ class SimRenderServer:
             sampling = self._sampling(body, len(ids), chat=False)
         except (_BadRequest, ValueError, TypeError) as exc:
             return error(400, str(exc))
-        generate = {
-            "request_id": self._request_id(request, "cmpl"),
-            "token_ids": ids,
-            "features": None,
-            "sampling_params": sampling,
-            "model": body.get("model"),
-            "stream": bool(body.get("stream")),
-            "stream_options": body.get("stream_options") if body.get("stream") else None,
-        }
-        return ok([generate])
+        return ok([self._generate_request(request, body, ids, sampling, "cmpl")])
 
     # -- derender ----------------------------------------------------------------------------
 

@@ -23,7 +23,6 @@ from router.render.chat_template import ChatTemplate, RenderInputError
 
 __all__ = ["SimServer"]
 
-_json = msgspec.json.Encoder()
 _decode = msgspec.json.Decoder()
 
 
@@ -443,9 +442,7 @@ class SimServer:
                         await send({**base, "choices": [], "usage": self._usage(gen, ids, event)})
                     await response.write(b"data: [DONE]\n\n")
         except EngineError as exc:
-            failure = {"error": {"message": str(exc), "type": exc.kind, "code": exc.status}}
-            await response.write(b"data: " + _json.encode(failure) + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
+            await sender.fail(str(exc), exc.kind, exc.status)
         except ConnectionResetError:
             await events.aclose()
             return response
