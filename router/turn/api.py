@@ -21,9 +21,6 @@ __all__ = ["EngineApi", "engine_api"]
 
 
 class EngineApi(Protocol):
-    #: Whether D's streamed answer carries its handle (vLLM's streamed generate never does).
-    streams_handles: bool
-
     def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
         """P computes one token of the checked ids, pulling the history with ``kv``."""
         ...

@@ -7,7 +7,6 @@ import logging
 from router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
 from router.pool import Instance, streams_handles
 from router.relay import DecodeOutput
-from router.turn.api import engine_api
 from router.turn.model import Prepared, TurnRequest
 from router.turn.services import TurnServices
 from state import HashedTokens, Record, StoreUnavailable, block_size_of, chunk_size_for
@@ -29,10 +28,8 @@ async def commit(
 ) -> None:
     handle = output.handle
     if not isinstance(handle, dict) or not handle.get("do_remote_decode"):
-        if output.no_handle is not None:
+        if output.no_handle is not None:  # the engine API knew why
             cause = output.no_handle
-        elif streamed and not engine_api(req.model).streams_handles:
-            cause = NoHandleCause.STREAMED_GENERATE
         elif streamed and decode.version is not None and not streams_handles(decode.version):
             cause = NoHandleCause.STREAMED_BEFORE_033
         elif output.stop_reason is not None and isinstance(output.stop_reason, str):

@@ -64,8 +64,6 @@ def decode_body(
 
 
 class OpenAIApi:
-    streams_handles = True  # from vLLM 0.33 on (router/pool.py streams_handles)
-
     def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
         return req.path, prefill_body(req, prepared.ids, kv)
 

@@ -43,8 +43,6 @@ def _tokens(prepared: Prepared) -> TokensPrompt:
 
 
 class TokensApi:
-    streams_handles = False  # vLLM's streamed generate never returns D's params (0.32, 0.33)
-
     def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
         return GENERATE_PATH, prefill_request(_tokens(prepared).generate, kv)
 
@@ -122,9 +120,13 @@ class TokensApi:
         same D finds all but the last partial block in D's prefix cache, computes the rest,
         and returns a handle for the whole sequence: the next turn reuses it."""
         tokens = _tokens(prepared)
+        if output.handle is not None:
+            return
+        # vLLM's streamed generate never returns D's params (0.32, 0.33): what the commit
+        # counts unless a capture is tried below.
+        output.no_handle = NoHandleCause.STREAMED_GENERATE
         if (
-            output.handle is not None
-            or not req.model.tokens.capture_streamed_handles
+            not req.model.tokens.capture_streamed_handles
             or req.key is None
             or not req.model.reuse
             or not prepared.storable
@@ -150,7 +152,7 @@ class TokensApi:
         if not isinstance(handle, dict):
             output.no_handle = NoHandleCause.CAPTURE_FAILED
             return
-        output.handle = handle
+        output.handle, output.no_handle = handle, None
 
 
 def plain_detokenizer(
