@@ -1,185 +1,56 @@
-"""Redis store: shared by every router replica.
+"""Redis store: shared by every router replica, on one server, Sentinel or Cluster.
 
-Layout: a record is one string value: ``turn`` as 8 big-endian bytes, the holding decode
-instance's name (2-byte length, then UTF-8), then the msgpack record. The scripts compare turns
-and find the holder without decoding msgpack. Claim and commit are one ``EVALSHA`` each.
+Layout (``ns`` the namespace, ``{t}`` the hash tag of the conversation's shard, so that a
+record, its ended mark and the held indexes it is listed in share one Cluster slot):
 
-Each decode instance has two sorted sets of the record keys it holds blocks for, scored by
-expiry and by creation time (``{ns}-held:{instance}``, ``{ns}-held-since:{instance}``): the
-scripts keep them in step with the records, so "handles held per decode instance and their
-age" is a few sorted-set reads, never a scan. Entries left behind by records that expired
-unclaimed are counted once and dropped by the next reader. Epochs are plain counters.
+* ``ns:{t}:tenant:model:conversation``: one string: ``turn`` as 8 big-endian bytes, the
+  holding decode instance's name (2-byte length, then UTF-8), then the msgpack record. The
+  scripts compare turns and find the holder without decoding msgpack.
+* ``ns-ended:{t}:…``: the mark of a conversation ended by DELETE.
+* ``ns-held:{t}:instance`` / ``ns-held-since:{t}:instance``: sorted sets of the shard's
+  record keys whose blocks that decode instance holds, scored by expiry and by creation
+  time; ``ns-held-expired:{t}:instance`` counts entries found expired unclaimed. The scripts
+  keep them in step with the records, so "handles held per decode instance and their age" is
+  one small script per shard, never a scan.
+* ``ns-epoch:{epochs}:instance`` (and ``…:identity``): one slot for every epoch, read by one
+  ``MGET``.
+
+A conversation's shard is a CRC32 of its key modulo ``shards``: one shard (every key in one
+slot) on a single server or Sentinel, where slots mean nothing; 64 on a Cluster, whose tags
+(``state/slots.py``) spread evenly over the slot ranges the primaries own. Claim and commit
+are one script each, one round trip.
+
+Durability (``docs/redis.md``): with ``Durability.REPLICA`` each write is followed, on the
+same connection, by ``WAIT replicas timeout``. A claim no replica acknowledged may be undone by
+a failover (the replica promoted still has the record), and another router would send the
+handle again: such a claim raises :class:`NotDurable` and the caller never sends the handle,
+neither to reuse it nor to release it. A commit no replica acknowledged keeps the record but
+hands back no replaced record to release, for the same reason.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import heapq
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from enum import StrEnum
+from typing import Any, TypeVar
 
+from state import redis_scripts as scripts
+from state.channel import Channel
 from state.keys import ConversationKey
 from state.records import Record, RecordDecodeError
-from state.resp import Address, RespChannel, RespError, Script
+from state.resp import Arg, RespError, Script
+from state.slots import shard_tags
 from state.store import Committed, Held, StoreUnavailable
 
-__all__ = ["RedisStore"]
+__all__ = ["Durability", "NotDurable", "RedisStore"]
 
 T = TypeVar("T")
 
 _TURN_BYTES = 8
 _NAME_LEN_BYTES = 2
-
-# Shared by the scripts. ARGV[1] is always the held-set prefix ("{ns}-held").
-_LUA_HELPERS = """
-local function holder(value)
-  if string.len(value) < 10 then return nil end
-  local n = string.byte(value, 9) * 256 + string.byte(value, 10)
-  return string.sub(value, 11, 10 + n)
-end
-local function unhold(value, key)
-  local name = holder(value)
-  if name then
-    redis.call('ZREM', ARGV[1] .. ':' .. name, key)
-    redis.call('ZREM', ARGV[1] .. '-since:' .. name, key)
-  end
-end
-"""
-
-# The held sets are addressed from the scripts, not through KEYS: fine on one Redis (or a
-# replicated primary), not on Redis Cluster, where the record keys are not co-located anyway.
-# KEYS[1] record key, KEYS[2] its ended mark; ARGV[2] value; ARGV[3] lifetime in ms; ARGV[4]
-# expires_at; ARGV[5] created_at; ARGV[6] now; ARGV[7] when the turn started ('' : unfenced).
-# Byte-wise comparison of the fixed-width big-endian turn orders turns numerically.
-_COMMIT = Script(
-    _LUA_HELPERS
-    + """
-if ARGV[7] ~= '' then
-  local ended = redis.call('GET', KEYS[2])
-  if ended and tonumber(ended) >= tonumber(ARGV[7]) then
-    return {0, false, 1}
-  end
-end
-local current = redis.call('GET', KEYS[1])
-if current then
-  if string.sub(current, 1, 8) > string.sub(ARGV[2], 1, 8) then
-    return {0, false}
-  end
-  unhold(current, KEYS[1])
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-local name = holder(ARGV[2])
-local by_expiry = ARGV[1] .. ':' .. name
-local by_creation = ARGV[1] .. '-since:' .. name
-local expired_count = ARGV[1] .. '-expired:' .. name
--- Still listed though its record is gone: it expired unclaimed. Count it before the entry is
--- reused for the new record (an entry in another instance's sets is counted by a reader).
-local previous = redis.call('ZSCORE', by_expiry, KEYS[1])
-if previous and tonumber(previous) <= tonumber(ARGV[6]) then
-  redis.call('INCR', expired_count)
-end
-redis.call('ZADD', by_expiry, ARGV[4], KEYS[1])
-redis.call('ZADD', by_creation, ARGV[5], KEYS[1])
--- A set outlives its newest record by an hour, time for a reader to count what expired
--- unclaimed in it; a set of an instance no longer configured goes away after that.
-local lifetime = tonumber(ARGV[3]) + 3600000
-for _, set in ipairs({by_expiry, by_creation, expired_count}) do
-  if redis.call('PTTL', set) < lifetime then
-    redis.call('PEXPIRE', set, lifetime)
-  end
-end
--- What it replaced: never claimed, so its handle is the caller's to release.
-return {1, current}
-"""
-)
-
-# KEYS[1] record key. Get-and-delete, and the holder forgets it. With KEYS[2] (the ended
-# mark), ARGV[2] (now) and ARGV[3] (fence in ms): commits of turns started before now are
-# refused while the mark lives.
-_CLAIM = Script(
-    _LUA_HELPERS
-    + """
-local value = redis.call('GET', KEYS[1])
-if value then
-  redis.call('DEL', KEYS[1])
-  unhold(value, KEYS[1])
-end
-if KEYS[2] then
-  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-end
-return value
-"""
-)
-
-# ARGV[2] now; KEYS in threes per instance: the held sets by expiry and by creation, and the
-# count of entries the commit script found expired. Drops what expired
-# (records that expired unclaimed: each is dropped, and so counted, by exactly one reader);
-# returns count, oldest creation time and how many were dropped, per instance.
-_HELD = Script(
-    """
-local out = {}
-for i = 1, #KEYS, 3 do
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', ARGV[2])
-  -- In slices: unpack() of a long list overflows Lua's stack.
-  for j = 1, #expired, 1000 do
-    redis.call('ZREM', KEYS[i + 1], unpack(expired, j, math.min(j + 999, #expired)))
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[2])
-  local oldest = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')
-  table.insert(out, redis.call('ZCARD', KEYS[i]))
-  table.insert(out, oldest[2] or false)
-  table.insert(out, #expired + tonumber(redis.call('GETDEL', KEYS[i + 2]) or '0'))
-end
-return out
-"""
-)
-
-
-# KEYS[1] the held-since set of one instance; ARGV[2] how many. Claims the oldest
-# live records that instance holds (each as the claim script does); entries whose record is
-# gone or expired are dropped on the way, and expired ones counted as the held script would.
-_CLAIM_OLDEST = Script(
-    _LUA_HELPERS
-    + """
-local out = {}
-local budget = tonumber(ARGV[2])
-local seen = 0
-while #out < budget and seen < budget * 4 do
-  local entries = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
-  if #entries == 0 then break end
-  for _, key in ipairs(entries) do
-    seen = seen + 1
-    local value = redis.call('GET', key)
-    if value then
-      redis.call('DEL', key)
-      unhold(value, key)
-      table.insert(out, value)
-      if #out >= budget then break end
-    else
-      -- the record expired unclaimed: leave its expiry entry for the held script to count
-      redis.call('ZREM', KEYS[1], key)
-    end
-  end
-end
-return out
-"""
-)
-
-
-# KEYS[1] epoch counter, KEYS[2] the identity it counts; ARGV[1] the identity observed. One
-# bump per new identity, whichever replica reports it first.
-_OBSERVE = Script(
-    """
-local seen = redis.call('GET', KEYS[2])
-if seen == ARGV[1] then
-  return tonumber(redis.call('GET', KEYS[1]) or '0')
-end
-redis.call('SET', KEYS[2], ARGV[1])
-if not seen then
-  return tonumber(redis.call('GET', KEYS[1]) or '0')
-end
-return redis.call('INCR', KEYS[1])
-"""
-)
 
 
 def _encode(record: Record) -> bytes:
@@ -204,53 +75,116 @@ def _decode(value: bytes | str | None) -> Record | None:
         return None
 
 
+class Durability(StrEnum):
+    """When a write counts as done."""
+
+    NONE = "none"  #: when the primary answers (one server: there is nothing else)
+    REPLICA = "replica"  #: when ``wait_replicas`` replicas acknowledged it (``WAIT``)
+
+
+class NotDurable(StoreUnavailable):
+    """The claim ran, but no replica acknowledged it in time: a failover could bring the
+    record back, so its handle must not be sent by this router (it is left to expire)."""
+
+
+class _Shard:
+    """The keys of one shard: its tag, and the held-index triples per instance (built once)."""
+
+    __slots__ = ("indexes", "tag")
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.indexes: dict[str, tuple[str, str, str]] = {}
+
+    def triple(self, namespace: str, instance: str) -> tuple[str, str, str]:
+        found = self.indexes.get(instance)
+        if found is None:
+            held = f"{namespace}-held:{{{self.tag}}}:{instance}"
+            found = self.indexes[instance] = (
+                held,
+                f"{namespace}-held-since:{{{self.tag}}}:{instance}",
+                f"{namespace}-held-expired:{{{self.tag}}}:{instance}",
+            )
+        return found
+
+
 class RedisStore:
     """A :class:`~state.store.Store` on Redis.
 
     Args:
-        channel: the connection every call goes over (one pipelined socket per event loop).
-        timeout: seconds any one call may take before it raises ``StoreUnavailable``.
-        namespace: prefix of every key.
+        channel: what every call goes over (``state/channel.py``).
+        timeout: seconds any one call may take, retries included, before it raises
+            ``StoreUnavailable``.
+        namespace: prefix of every key (no braces: they would change the keys' slots).
+        shards: how many hash tags the conversations are spread over (see the module).
+        durability, wait_replicas, wait_timeout: when a write counts as done.
     """
 
     def __init__(
-        self, channel: RespChannel, *, timeout: float = 0.25, namespace: str = "carryover"
+        self,
+        channel: Channel,
+        *,
+        timeout: float = 0.25,
+        namespace: str = "carryover",
+        shards: int = 1,
+        durability: Durability = Durability.NONE,
+        wait_replicas: int = 1,
+        wait_timeout: float = 0.05,
     ) -> None:
+        if "{" in namespace or "}" in namespace:
+            raise ValueError("a Redis namespace has no braces: they would pick the keys' slots")
+        if wait_replicas < 1 or wait_timeout <= 0:
+            raise ValueError("wait_replicas must be 1 or more and wait_timeout positive")
         self._channel = channel
         self._timeout = timeout
         self._namespace = namespace
+        self._shards = [_Shard(tag) for tag in shard_tags(shards)]
+        self._durable = durability is Durability.REPLICA
+        self._wait: list[Arg] = ["WAIT", wait_replicas, max(1, round(wait_timeout * 1000))]
+        self._wait_replicas = wait_replicas
+        #: decode instances whose held indexes every record script gets (learned as met)
+        self._instances: list[str] = []
 
     @classmethod
     def from_url(
-        cls, url: str, *, timeout: float = 0.25, namespace: str = "carryover"
+        cls,
+        url: str,
+        *,
+        timeout: float = 0.25,
+        namespace: str = "carryover",
+        **options: Any,
     ) -> RedisStore:
-        """A store on the server at ``url`` (``redis://``, ``rediss://`` or ``unix://``).
+        """A store on the deployment ``url`` names (``state/redis_url.py``); ``options`` are
+        :func:`state.redis_url.open_store`'s."""
+        from state.redis_url import open_store
 
-        No call is retried: a failed call is served cold, not repeated. A connection that
-        answers nothing for four call timeouts while calls wait is dropped and remade.
-        """
-        channel = RespChannel(
-            Address.from_url(url), connect_timeout=timeout, dead_after=max(1.0, 4 * timeout)
-        )
-        return cls(channel, timeout=timeout, namespace=namespace)
+        return open_store(url, timeout=timeout, namespace=namespace, **options)
 
-    def _key(self, key: ConversationKey) -> str:
-        return key.storage_key(self._namespace)
+    # keys
 
-    @property
-    def _held_prefix(self) -> str:
-        return f"{self._namespace}-held"
+    def _shard(self, key: ConversationKey) -> _Shard:
+        shards = self._shards
+        if len(shards) == 1:
+            return shards[0]
+        name = f"{key.tenant}\0{key.model}\0{key.conversation_id}".encode()
+        return shards[zlib.crc32(name) % len(shards)]
 
-    def _held_since_key(self, instance: str) -> str:
-        """The instance's held records scored by creation time (oldest first)."""
-        return f"{self._held_prefix}-since:{instance}"
+    def _record_key(self, key: ConversationKey, shard: _Shard) -> str:
+        return key.storage_key(f"{self._namespace}:{{{shard.tag}}}")
 
-    def _ended_key(self, key: ConversationKey) -> str:
-        """The mark of a conversation ended by DELETE (outside the records' key space)."""
-        return key.storage_key(f"{self._namespace}-ended")
+    def _ended_key(self, key: ConversationKey, shard: _Shard) -> str:
+        return key.storage_key(f"{self._namespace}-ended:{{{shard.tag}}}")
 
     def _epoch_key(self, instance: str) -> str:
-        return f"{self._namespace}-epoch:{instance}"
+        return f"{self._namespace}-epoch:{{epochs}}:{instance}"
+
+    def _indexes(self, shard: _Shard, instances: Sequence[str]) -> list[Arg]:
+        keys: list[Arg] = []
+        for name in instances:
+            keys += shard.triple(self._namespace, name)
+        return keys
+
+    # calls
 
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -259,11 +193,57 @@ class RedisStore:
         except (RespError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
+    async def _record_script(
+        self,
+        script: Script,
+        shard: _Shard,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        *,
+        extra: Sequence[str] = (),
+    ) -> tuple[Any, bool]:
+        """Run a script that keeps the held indexes in step; returns its answer (after the
+        ``{1, …}`` status) and whether it is durable. A holder the script was not given the
+        keys of is learned and the script sent again (it changed nothing)."""
+        while True:
+            known = self._instances
+            head: list[Arg] = [len(known), *known]
+            after = self._wait if self._durable else None
+            reply, acked = await self._channel.script(
+                script,
+                [*keys, *self._indexes(shard, known)],
+                [*head, *args],
+                after=after,
+            )
+            if reply and reply[0] == b"holder":
+                name = reply[1].decode()
+                if name in known:  # cannot happen: the script found it missing
+                    raise RespError(f"the store's script does not find {name!r}'s indexes")
+                self._instances = [*known, name]
+                continue
+            durable = not self._durable or (isinstance(acked, int) and acked >= self._wait_replicas)
+            return reply, durable
+
+    def _learn(self, instance: str) -> None:
+        if instance not in self._instances:
+            self._instances = [*self._instances, instance]
+
+    # the Store protocol
+
     async def claim(self, key: ConversationKey) -> Record | None:
-        value = await self._call(
-            lambda: self._channel.evalsha(_CLAIM, [self._key(key)], [self._held_prefix])
+        shard = self._shard(key)
+        reply, durable = await self._call(
+            lambda: self._record_script(
+                scripts.CLAIM,
+                shard,
+                [self._record_key(key, shard), self._ended_key(key, shard)],
+                [],
+            )
         )
-        return _decode(value)
+        record = _decode(reply[1])
+        if record is not None and not durable:
+            raise NotDurable("redis: no replica acknowledged the claim in time")
+        return record
 
     async def commit(
         self,
@@ -276,12 +256,14 @@ class RedisStore:
         ttl_ms = int((record.expires_at - now) * 1000)
         if ttl_ms <= 0:
             return Committed(written=False)
-        answer = await self._call(
-            lambda: self._channel.evalsha(
-                _COMMIT,
-                [self._key(key), self._ended_key(key)],
+        self._learn(record.decode)
+        shard = self._shard(key)
+        reply, durable = await self._call(
+            lambda: self._record_script(
+                scripts.COMMIT,
+                shard,
+                [self._record_key(key, shard), self._ended_key(key, shard)],
                 [
-                    self._held_prefix,
                     _encode(record),
                     ttl_ms,
                     repr(record.expires_at),
@@ -291,31 +273,45 @@ class RedisStore:
                 ],
             )
         )
-        written, replaced, *ended = answer
+        written, replaced, *ended = reply
         return Committed(
-            written=bool(written), replaced=_decode(replaced), ended=bool(ended and ended[0])
+            written=bool(written),
+            # Not durable: a failover may bring the replaced record back, and with it its
+            # handle; releasing it now would free blocks a later claim could still send.
+            replaced=_decode(replaced) if durable else None,
+            ended=bool(ended and ended[0]),
+            durable=durable,
         )
 
     async def get(self, key: ConversationKey) -> Record | None:
-        return _decode(await self._call(lambda: self._channel.call("GET", self._key(key))))
+        shard = self._shard(key)
+        return _decode(
+            await self._call(lambda: self._channel.call("GET", self._record_key(key, shard)))
+        )
 
     async def delete(
         self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
     ) -> Record | None:
-        if now is None or fence <= 0:
-            return await self.claim(key)
-        value = await self._call(
-            lambda: self._channel.evalsha(
-                _CLAIM,
-                [self._key(key), self._ended_key(key)],
-                [self._held_prefix, repr(now), int(fence * 1000)],
+        shard = self._shard(key)
+        args: list[Arg] = [repr(now), int(fence * 1000)] if now is not None and fence > 0 else []
+        reply, durable = await self._call(
+            lambda: self._record_script(
+                scripts.CLAIM,
+                shard,
+                [self._record_key(key, shard), self._ended_key(key, shard)],
+                args,
             )
         )
-        return _decode(value)
+        # What was dropped is the caller's to release: only when no failover can undo it.
+        return _decode(reply[1]) if durable else None
 
     async def observe_identity(self, instance: str, identity: str) -> int:
         keys = [self._epoch_key(instance), f"{self._epoch_key(instance)}:identity"]
-        return int(await self._call(lambda: self._channel.evalsha(_OBSERVE, keys, [identity])))
+        # Not waited on: a bump a failover loses is made again by the next observation,
+        # which sees the old identity back (router/pool.py observes every probe).
+        return int(
+            await self._call(lambda: self._channel.evalsha(scripts.OBSERVE, keys, [identity]))
+        )
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:
         if not instances:
@@ -327,10 +323,10 @@ class RedisStore:
         return {name: int(v) if v is not None else 0 for name, v in pairs}
 
     async def count(self) -> int:
-        async def scan() -> int:
+        async def scan(node: Any) -> int:
             total, cursor = 0, b"0"
             while True:
-                cursor, keys = await self._channel.call(
+                cursor, keys = await node.call(
                     "SCAN", cursor, "MATCH", f"{self._namespace}:*", "COUNT", 1000
                 )
                 total += len(keys)
@@ -340,39 +336,74 @@ class RedisStore:
         try:
             # A scan is many round trips: give it more than one call's timeout.
             async with asyncio.timeout(self._timeout * 40):
-                return await scan()
+                nodes = await self._channel.primaries()
+                return sum(await asyncio.gather(*(scan(node) for node in nodes)))
         except (RespError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def held(self, instances: list[str], *, now: float) -> dict[str, Held]:
         if not instances:
             return {}
-        keys: list[str] = []
         for name in instances:
-            keys += [
-                f"{self._held_prefix}:{name}",
-                self._held_since_key(name),
-                f"{self._held_prefix}-expired:{name}",
-            ]
-        answer = await self._call(
-            lambda: self._channel.evalsha(_HELD, keys, [self._held_prefix, repr(now)])
-        )
+            self._learn(name)
+
+        async def one(shard: _Shard) -> Any:
+            return await self._channel.evalsha(
+                scripts.HELD, self._indexes(shard, instances), [repr(now)]
+            )
+
+        answers = await self._call(lambda: asyncio.gather(*(one(s) for s in self._shards)))
         result: dict[str, Held] = {}
         for i, name in enumerate(instances):
-            count, oldest, expired = answer[3 * i : 3 * i + 3]
-            result[name] = Held(int(count), float(oldest) if oldest else None, int(expired))
+            count = expired = 0
+            oldest: float | None = None
+            for answer in answers:
+                shard_count, shard_oldest, shard_expired = answer[3 * i : 3 * i + 3]
+                count += int(shard_count)
+                expired += int(shard_expired)
+                if shard_oldest is not None:
+                    created = float(shard_oldest)
+                    oldest = created if oldest is None else min(oldest, created)
+            result[name] = Held(count, oldest, expired)
         return result
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> list[Record]:
         if count <= 0:
             return []
-        values = await self._call(
-            lambda: self._channel.evalsha(
-                _CLAIM_OLDEST,
-                [self._held_since_key(instance)],
-                [self._held_prefix, count],
-            )
-        )
+        self._learn(instance)
+
+        async def oldest(shard: _Shard, want: int) -> list[tuple[float, bytes, _Shard]]:
+            since = shard.triple(self._namespace, instance)[1]
+            entries = await self._channel.call("ZRANGE", since, 0, want - 1, "WITHSCORES")
+            return [(float(entries[j + 1]), entries[j], shard) for j in range(0, len(entries), 2)]
+
+        async def take() -> list[Any]:
+            # The oldest over every shard, then one claim per shard they are in. Another
+            # replica may claim the same ones first: every entry a round chose is gone from
+            # the index after it (claimed, by whoever, or found gone), so rounds end.
+            taken: list[Any] = []
+            while True:
+                want = count - len(taken)
+                listed = await asyncio.gather(*(oldest(s, want) for s in self._shards))
+                chosen = heapq.nsmallest(want, (e for entries in listed for e in entries))
+                if not chosen:
+                    break
+                by_shard: dict[int, tuple[_Shard, list[bytes]]] = {}
+                for _, key, shard in chosen:
+                    by_shard.setdefault(id(shard), (shard, []))[1].append(key)
+                replies = await asyncio.gather(
+                    *(
+                        self._record_script(scripts.CLAIM_MANY, shard, keys, [len(keys)])
+                        for shard, keys in by_shard.values()
+                    )
+                )
+                # A batch no replica acknowledged is not released (see the module).
+                taken += [value for reply, durable in replies if durable for value in reply[1]]
+                if len(taken) >= count:
+                    break
+            return taken
+
+        values = await self._call(take)
         return [record for value in values if (record := _decode(value)) is not None]
 
     async def ping(self) -> None:

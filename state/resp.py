@@ -24,7 +24,7 @@ import hashlib
 import ssl
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -32,12 +32,15 @@ import hiredis
 
 __all__ = [
     "Address",
+    "Arg",
     "ReplyError",
     "RespChannel",
     "RespConnectionError",
     "RespError",
+    "RespNotSent",
     "RespProtocolError",
     "Script",
+    "Tls",
     "pack",
 ]
 
@@ -52,6 +55,11 @@ class ReplyError(RespError):
 
 class RespConnectionError(RespError):
     """No connection, or it broke while the call waited."""
+
+
+class RespNotSent(RespConnectionError):
+    """No connection to send on: the command never reached a server, so it may be sent again
+    (elsewhere, after a failover) without running twice."""
 
 
 class RespProtocolError(RespError):
@@ -71,6 +79,26 @@ def pack(args: Sequence[Arg]) -> bytes:
 
 
 @dataclass(frozen=True)
+class Tls:
+    """Files for a TLS connection: the CA that signed the server's certificate (the system's
+    CAs when ``None``) and the client's own certificate and key, when the server asks for one."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """An SSL context; a file that cannot be read is a ``ValueError`` (a startup error)."""
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+            if self.cert_file:
+                context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the Redis TLS files: {exc}") from exc
+        return context
+
+
+@dataclass(frozen=True)
 class Address:
     """Where and how to connect, from a ``redis://``, ``rediss://`` or ``unix://`` URL."""
 
@@ -81,6 +109,12 @@ class Address:
     username: str | None = None
     password: str | None = None
     tls: bool = False
+    tls_files: Tls = field(default_factory=Tls, compare=False)
+
+    def at(self, host: str, port: int) -> Address:
+        """The same credentials, database and TLS on another server (a Cluster or Sentinel
+        node)."""
+        return replace(self, host=host, port=port, path=None)
 
     @classmethod
     def from_url(cls, url: str) -> Address:
@@ -179,7 +213,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, frame: bytes) -> asyncio.Future[Any]:
         if self.lost or self._transport is None:
-            raise RespConnectionError("redis connection closed")
+            raise RespNotSent("redis connection closed")
         future = self._loop.create_future()
         if not self._waiting:
             self.silent_since = self._loop.time()
@@ -212,6 +246,8 @@ class RespChannel:
         self._connection: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
+        # Built now: a CA or key that cannot be read is a startup error, not a cold turn.
+        self._ssl = address.tls_files.context() if address.tls else None
 
     async def call(self, *args: Arg) -> Any:
         """One command's reply; an error reply raises ``ReplyError``, a broken connection
@@ -221,6 +257,16 @@ class RespChannel:
             connection = await self._connect()
         return await connection.send(pack(args))
 
+    async def run(self, *commands: Sequence[Arg]) -> list[Any]:
+        """Several commands written back to back (nothing of another caller's between them:
+        ``ASKING`` before the command it is for, ``WAIT`` after the write it waits on); their
+        replies in order, an error reply as a ``ReplyError`` value, not raised."""
+        connection = self._live()
+        if connection is None:
+            connection = await self._connect()
+        futures = [connection.send(pack(command)) for command in commands]
+        return list(await asyncio.gather(*futures, return_exceptions=True))
+
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         head: list[Arg] = [len(keys), *keys, *args]
         try:
@@ -229,6 +275,31 @@ class RespChannel:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
         return await self.call("EVAL", script.text, *head)  # runs it and caches it
+
+    async def primaries(self) -> list[RespChannel]:
+        return [self]
+
+    async def script(
+        self,
+        script: Script,
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
+        *,
+        before: Sequence[Arg] | None = None,
+        after: Sequence[Arg] | None = None,
+    ) -> tuple[Any, Any]:
+        """``evalsha`` with one command written just before it (``ASKING``) and one just after
+        (``WAIT``); returns the script's reply and the one after it."""
+        head: list[Arg] = [len(keys), *keys, *args]
+        for command in (["EVALSHA", script.sha, *head], ["EVAL", script.text, *head]):
+            replies = await self.run(*filter(None, (before, command, after)))
+            reply = replies[1 if before else 0]
+            if isinstance(reply, ReplyError) and str(reply).startswith("NOSCRIPT"):
+                continue  # did not run: again, as EVAL, which also caches it
+            if isinstance(reply, BaseException):
+                raise reply
+            return reply, replies[-1] if after else None
+        raise ReplyError("NOSCRIPT after EVAL")  # pragma: no cover - EVAL never answers it
 
     def close(self) -> None:
         if self._connection is not None:
@@ -263,9 +334,7 @@ class RespChannel:
         except BaseException as exc:
             # Whoever waits on this connect gets a connection error, never another caller's
             # cancellation.
-            failure = RespConnectionError(
-                f"redis connect to {self.address!r}: {type(exc).__name__}: {exc}"
-            )
+            failure = RespNotSent(f"redis connect to {self.address!r}: {type(exc).__name__}: {exc}")
             connecting.set_exception(failure)
             connecting.exception()  # retrieved: nobody else may be waiting
             if isinstance(exc, OSError | TimeoutError):
@@ -279,7 +348,7 @@ class RespChannel:
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Connection:
         address = self.address
-        tls = ssl.create_default_context() if address.tls else None
+        tls = self._ssl
         connection: _Connection
         if address.path is not None:
             _, connection = await loop.create_unix_connection(

@@ -44,6 +44,9 @@ class Committed(msgspec.Struct, frozen=True):
     written: bool
     replaced: Record | None = None
     ended: bool = False  #: refused: the conversation was ended after this turn started
+    #: the replicas acknowledged the write (always, without a durability rule); when not,
+    #: ``replaced`` is withheld: a failover could bring it back
+    durable: bool = True
 
 
 @runtime_checkable
