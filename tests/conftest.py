@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, settings
 
 from tests.support.reaper import start_watchdog
 from tests.support.redis_server import RedisServer
+from tests.support.redis_topologies import RedisCluster, RedisSentinels
 
 # Property tests judge answers, not speed: no per-example deadline and no "too slow" health
 # check, which a loaded 2-core machine would trip.
@@ -36,3 +37,39 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A 3-primary/3-replica Redis Cluster for the session (tests use their own namespaces)."""
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinels]:
+    """A primary and a replica watched by three Sentinels, for the session."""
+    sentinels = RedisSentinels(tmp_path_factory.mktemp("redis-sentinel"))
+    try:
+        sentinels.start()
+        yield sentinels
+    finally:
+        sentinels.stop()
+
+
+@pytest.fixture
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The URL of the deployment a test is parametrized with (``single``, ``sentinel`` or
+    ``cluster``: ``@pytest.mark.parametrize("redis_url", [...], indirect=True)``)."""
+    topology = getattr(request, "param", "single")
+    if topology == "single":
+        return str(request.getfixturevalue("redis_server").url)
+    if topology == "sentinel":
+        return str(request.getfixturevalue("redis_sentinels").url)
+    if topology == "cluster":
+        return str(request.getfixturevalue("redis_cluster").url)
+    raise ValueError(f"unknown Redis topology {topology!r}")

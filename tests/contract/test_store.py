@@ -1,4 +1,5 @@
-"""One contract, two backends: the in-process store and a real redis-server."""
+"""One contract, every backend: the in-process store, and real Redis as one server, as a
+primary and replica behind three Sentinels, and as a 3-primary/3-replica Cluster."""
 
 from __future__ import annotations
 
@@ -16,19 +17,26 @@ from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> AsyncIterator[Store]:
+TOPOLOGIES = ["single", "sentinel", "cluster"]
+
+
+@pytest.fixture(params=["memory", *TOPOLOGIES])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     backend: Store
     if request.param == "memory":
         backend = MemoryStore()
     else:
+        url = _url(request, request.param)
         # A generous deadline: this is the contract, not the speed (first calls load scripts
         # and open connections, slow on a loaded machine).
-        backend = RedisStore.from_url(
-            redis_server.url, namespace=f"t{uuid.uuid4().hex}", timeout=2.0
-        )
+        backend = RedisStore.from_url(url, namespace=f"t{uuid.uuid4().hex}", timeout=2.0)
     yield backend
     await backend.close()
+
+
+def _url(request: pytest.FixtureRequest, topology: str) -> str:
+    fixture = {"single": "redis_server", "sentinel": "redis_sentinels", "cluster": "redis_cluster"}
+    return str(request.getfixturevalue(fixture[topology]).url)
 
 
 def key(name: str = "c1", tenant: str = "acme") -> ConversationKey:
@@ -129,12 +137,13 @@ async def test_epochs(store: Store) -> None:
     assert await store.epochs([]) == {}
 
 
-@pytest.fixture
-async def replicas(redis_server: RedisServer) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
+@pytest.fixture(params=TOPOLOGIES)
+async def replicas(request: pytest.FixtureRequest) -> AsyncIterator[tuple[RedisStore, RedisStore]]:
     """Two routers' stores on one Redis namespace."""
     namespace = f"t{uuid.uuid4().hex}"
-    a = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
-    b = RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0)
+    url = _url(request, request.param)
+    a = RedisStore.from_url(url, namespace=namespace, timeout=2.0)
+    b = RedisStore.from_url(url, namespace=namespace, timeout=2.0)
     yield a, b
     await a.close()
     await b.close()

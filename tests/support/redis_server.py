@@ -14,13 +14,32 @@ from tests.support.ports import free_port
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    """Args:
+    workdir: its directory (log, cluster config).
+    port: a free one when not given.
+    extra: more ``redis-server`` options (``--replicaof``, ``--cluster-enabled``, TLS).
+    sentinel: run as a Sentinel: ``extra`` then goes into its config file (Sentinel rewrites
+        it), one directive per item.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *,
+        extra: list[str] | None = None,
+        sentinel: bool = False,
+        plain_port: bool = True,
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
         self.binary = binary
         self.workdir = workdir
         self.port = port or free_port()
+        self.extra = extra or []
+        self.sentinel = sentinel
+        self.plain_port = plain_port  # False: TLS only (the port is tls-port)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -30,11 +49,19 @@ class RedisServer:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "redis.log", "ab")  # noqa: SIM115 - owned by the process
-        self.process = subprocess.Popen(
-            [
+        port_option = ["--port", str(self.port)]
+        if not self.plain_port:
+            port_option = ["--port", "0", "--tls-port", str(self.port)]
+        if self.sentinel:
+            config = self.workdir / "sentinel.conf"
+            if not config.exists():  # a restart keeps what the Sentinel learned
+                lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {self.workdir}", *self.extra]
+                config.write_text("\n".join(lines) + "\n")
+            command = [self.binary, str(config), "--sentinel"]
+        else:
+            command = [
                 self.binary,
-                "--port",
-                str(self.port),
+                *port_option,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -43,12 +70,20 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.workdir),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+                *self.extra,
+            ]
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60  # a failure bound: a loaded machine starts it late
         while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            if not self.plain_port:
+                try:  # TLS only: a connect is all a plain probe can check
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                    return
+                except OSError:
+                    time.sleep(0.02)
+                    continue
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
                     conn.sendall(b"PING\r\n")
@@ -56,7 +91,20 @@ class RedisServer:
                         return
             except OSError:
                 time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        raise RuntimeError(
+            f"redis-server did not start on port {self.port}: see {self.workdir / 'redis.log'}"
+        )
+
+    def cli(self, *args: str) -> str:
+        """``redis-cli`` against this server; its output."""
+        result = subprocess.run(
+            ["redis-cli", "-p", str(self.port), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return result.stdout
 
     def kill(self) -> None:
         if self.process is not None:
