@@ -37,12 +37,13 @@ from router.pool import InstancePool
 from router.pressure import relieve_forever
 from router.render.choose import Renderers
 from router.services import Services, json_response
+from router.store import check_store, open_store
 from router.tokens.check import TokensCheck, keep_checking
 from router.tracing import Tracing
 from router.turn import TurnRunner
 from router.turn.services import Planner
 from router.upstream import Upstream
-from state import MemoryStore, RedisStore, Store, plan
+from state import Store, plan
 
 if TYPE_CHECKING:
     import httpx
@@ -93,11 +94,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         owned_store = store is None
-        backend: Store = store or (
-            RedisStore.from_url(config.redis, timeout=config.store_timeout)
-            if config.redis
-            else MemoryStore(clock=clock)
-        )
+        backend: Store = store or open_store(config, clock=clock)
+        if owned_store:
+            await check_store(backend)
         upstream = Upstream(config.timeouts, transport)
         metrics_ = RouterMetrics()
         pool = InstancePool(config, upstream, backend, metrics_)

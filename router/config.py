@@ -15,6 +15,7 @@ __all__ = [
     "ConfigError",
     "InstanceConfig",
     "ModelConfig",
+    "RedisOptions",
     "RenderConfig",
     "RouterConfig",
     "Timeouts",
@@ -214,6 +215,37 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     keepalive: float = 4.0
 
 
+class RedisOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How the store reaches Redis, beyond the URL (docs/redis.md).
+
+    Attributes:
+        ca_file, cert_file, key_file: TLS (``rediss://``): the CA that signed the servers'
+            certificates (the system's CAs when unset) and a client certificate and key.
+        password_file: a file holding the password (a mounted secret), used when the URL
+            has none; ``CARRYOVER_REDIS_PASSWORD`` does the same from the environment.
+        shards: how many hash tags conversations spread over (default: 1; 64 on a Cluster).
+        durability: ``none`` (a write is done when the primary answers) or ``replica``
+            (after ``WAIT wait_replicas``); default ``none`` on one server, ``replica`` on
+            Sentinel and Cluster.
+        wait_replicas, wait_timeout: the ``WAIT`` of ``replica`` durability.
+    """
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    password_file: str | None = None
+    shards: int | None = None
+    durability: Literal["none", "replica"] | None = None
+    wait_replicas: int = 1
+    wait_timeout: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.shards is not None and not 1 <= self.shards <= 256:
+            raise ConfigError("redis_options.shards must be between 1 and 256")
+        if self.wait_replicas < 1 or self.wait_timeout <= 0:
+            raise ConfigError("redis_options.wait_replicas must be ≥ 1 and wait_timeout > 0")
+
+
 class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything ``carryover serve`` needs.
 
@@ -221,6 +253,9 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         models: served models.
         host, port, workers: where and how granian serves (``workers > 1`` needs Redis).
         redis: Redis URL for shared conversation state; ``None`` keeps it in process.
+            ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` or
+            ``redis+cluster://`` (``state/redis_url.py``).
+        redis_options: TLS files, a password file, shards and durability.
         store_timeout: one store call's deadline before the turn is served cold.
         max_body_bytes: larger request bodies get 413 (default 32 MiB).
         max_messages: more chat messages than this get 400.
@@ -255,6 +290,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     port: int = 8000
     workers: int = 1
     redis: str | None = None
+    redis_options: RedisOptions = RedisOptions()
     store_timeout: float = 0.25
     max_body_bytes: int = 32 * 1024 * 1024
     max_messages: int = 4096

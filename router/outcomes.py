@@ -79,3 +79,6 @@ class LeftToExpire(StrEnum):
     # The client left while a decode-local turn ran: the handle kept for release after D's
     # answer is left to D's TTL.
     DECODE_LOCAL_CANCELLED = "decode_local_cancelled"
+    # No replica acknowledged the write in time (Redis durability ``replica``): a failover
+    # could bring the record back, so the handle it held is neither used nor released.
+    NOT_DURABLE = "not_durable"

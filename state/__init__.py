@@ -16,17 +16,19 @@ from state.prefix import (
     truncate_handle,
 )
 from state.records import Record
-from state.redis_store import RedisStore
+from state.redis_store import Durability, NotDurable, RedisStore
 from state.store import Committed, Held, Store, StoreUnavailable
 
 __all__ = [
     "MAX_ID_LENGTH",
     "Committed",
     "ConversationKey",
+    "Durability",
     "HashedTokens",
     "Held",
     "InvalidIdentifier",
     "MemoryStore",
+    "NotDurable",
     "Path",
     "Plan",
     "PlanSettings",

@@ -16,7 +16,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from state.channel import RETRY_PAUSE, refused_before_running
-from state.resp import Address, Arg, ReplyError, RespChannel, RespConnectionError, Script
+from state.resp import (
+    Address,
+    Arg,
+    ReplyError,
+    RespChannel,
+    RespConnectionError,
+    RespTlsError,
+    Script,
+)
 from state.slots import SLOTS, key_slot
 
 __all__ = ["ClusterChannel"]
@@ -78,6 +86,8 @@ class ClusterChannel:
         for node in [*self._seeds, *(n for n in self._nodes if n not in self._seeds)]:
             try:
                 reply = await self._channel(node).call("CLUSTER", "SLOTS")
+            except RespTlsError:
+                raise
             except RespConnectionError as exc:
                 failures.append(f"{node[0]}:{node[1]}: {exc}")
                 continue
@@ -98,6 +108,8 @@ class ClusterChannel:
             if self._stale:
                 try:
                     await self._refresh()
+                except RespTlsError:
+                    raise
                 except RespConnectionError:
                     await asyncio.sleep(RETRY_PAUSE)
                     continue

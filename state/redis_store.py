@@ -274,13 +274,14 @@ class RedisStore:
             )
         )
         written, replaced, *ended = reply
+        # Not durable: a failover may bring the replaced record back, and with it its
+        # handle; releasing it now would free blocks a later claim could still send.
+        withheld = not durable and replaced is not None
         return Committed(
             written=bool(written),
-            # Not durable: a failover may bring the replaced record back, and with it its
-            # handle; releasing it now would free blocks a later claim could still send.
-            replaced=_decode(replaced) if durable else None,
+            replaced=None if withheld else _decode(replaced),
             ended=bool(ended and ended[0]),
-            durable=durable,
+            withheld=withheld,
         )
 
     async def get(self, key: ConversationKey) -> Record | None:

@@ -39,6 +39,7 @@ __all__ = [
     "RespError",
     "RespNotSent",
     "RespProtocolError",
+    "RespTlsError",
     "Script",
     "Tls",
     "pack",
@@ -60,6 +61,11 @@ class RespConnectionError(RespError):
 class RespNotSent(RespConnectionError):
     """No connection to send on: the command never reached a server, so it may be sent again
     (elsewhere, after a failover) without running twice."""
+
+
+class RespTlsError(RespConnectionError):
+    """The TLS handshake failed (a CA that did not sign the server's certificate, a name
+    that does not match): a configuration error, not an outage; never retried."""
 
 
 class RespProtocolError(RespError):
@@ -334,7 +340,8 @@ class RespChannel:
         except BaseException as exc:
             # Whoever waits on this connect gets a connection error, never another caller's
             # cancellation.
-            failure = RespNotSent(f"redis connect to {self.address!r}: {type(exc).__name__}: {exc}")
+            kind = RespTlsError if isinstance(exc, ssl.SSLError) else RespNotSent
+            failure = kind(f"redis connect to {self.address!r}: {type(exc).__name__}: {exc}")
             connecting.set_exception(failure)
             connecting.exception()  # retrieved: nobody else may be waiting
             if isinstance(exc, OSError | TimeoutError):

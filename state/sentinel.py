@@ -15,7 +15,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from state.channel import RETRY_PAUSE, refused_before_running
-from state.resp import Address, Arg, RespChannel, RespConnectionError, RespNotSent, Script
+from state.resp import (
+    Address,
+    Arg,
+    RespChannel,
+    RespConnectionError,
+    RespNotSent,
+    RespTlsError,
+    Script,
+)
 
 __all__ = ["SentinelChannel"]
 
@@ -63,6 +71,8 @@ class SentinelChannel:
                 reply = await sentinel.call(
                     "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name
                 )
+            except RespTlsError:
+                raise
             except RespConnectionError as exc:
                 failures.append(f"{sentinel.address!r}: {exc}")
                 continue
@@ -84,6 +94,8 @@ class SentinelChannel:
                 )
             try:
                 role = await candidate.call("ROLE")
+            except RespTlsError:
+                raise
             except RespConnectionError as exc:
                 failures.append(f"primary {host}:{port}: {exc}")
                 continue

@@ -44,9 +44,9 @@ class Committed(msgspec.Struct, frozen=True):
     written: bool
     replaced: Record | None = None
     ended: bool = False  #: refused: the conversation was ended after this turn started
-    #: the replicas acknowledged the write (always, without a durability rule); when not,
-    #: ``replaced`` is withheld: a failover could bring it back
-    durable: bool = True
+    #: a record was replaced but is not handed back: no replica acknowledged the write in
+    #: time (Redis durability ``replica``), and a failover could bring that record back
+    withheld: bool = False
 
 
 @runtime_checkable

@@ -97,6 +97,8 @@ async def commit(
         svc.release_later(req, handle, ReleaseCause.SUPERSEDED)
     elif req.chat and output.content:
         svc.warm_later(req, output.content)  # the next turn will send this answer back
+    if committed.withheld:
+        svc.metrics.left_to_expire.labels(LeftToExpire.NOT_DURABLE).inc()
     release_replaced(svc, req, committed.replaced)
 
 

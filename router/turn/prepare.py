@@ -14,6 +14,7 @@ from router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, pat
 from router.turn.services import TurnServices
 from state import (
     HashedTokens,
+    NotDurable,
     Path,
     Plan,
     PlanSettings,
@@ -81,6 +82,11 @@ async def _claim(svc: TurnServices, req: TurnRequest) -> tuple[Record | None, bo
     try:
         with svc.leg(req, "claim"):
             return await svc.store.claim(req.key), False
+    except NotDurable as exc:
+        svc.metrics.store_errors.labels("claim").inc()
+        svc.metrics.left_to_expire.labels(LeftToExpire.NOT_DURABLE).inc()
+        log.warning("claim not durable, turn served cold: %s", exc)
+        return None, True
     except StoreUnavailable as exc:
         svc.metrics.store_errors.labels("claim").inc()
         # The claim may still have taken the record: its handle is lost to everyone.

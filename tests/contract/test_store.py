@@ -16,7 +16,6 @@ from tests.support.records import make_record
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
-
 TOPOLOGIES = ["single", "sentinel", "cluster"]
 
 

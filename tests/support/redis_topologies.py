@@ -139,9 +139,7 @@ class RedisSentinels:
     def __init__(self, workdir: Path) -> None:
         self.primary = RedisServer(workdir / "primary")
         self.replica = RedisServer(workdir / "replica")  # --replicaof is set at start
-        self.sentinels = [
-            RedisServer(workdir / f"sentinel{i}", sentinel=True) for i in range(3)
-        ]
+        self.sentinels = [RedisServer(workdir / f"sentinel{i}", sentinel=True) for i in range(3)]
 
     @property
     def url(self) -> str:

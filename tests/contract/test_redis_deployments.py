@@ -1,0 +1,154 @@
+"""What a deployment adds to the store contract: TLS with the router's own CA, passwords
+from a secret file, and the durability rule (a claim no replica acknowledged is never used)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from router.config import ConfigError, InstanceConfig, ModelConfig, RedisOptions, RouterConfig
+from router.store import check_store, open_store
+from state import Committed, ConversationKey, Durability, NotDurable, RedisStore
+from tests.support.records import make_record
+from tests.support.redis_server import RedisServer
+
+KEY = ConversationKey("acme", "m", "c1")
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _ca(directory: Path, name: str) -> None:
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-subj", f"/CN={name}",
+        cwd=directory,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate it signed for 127.0.0.1, and another CA that signed nothing."""
+    directory = tmp_path_factory.mktemp("tls")
+    _ca(directory, "ca")
+    _ca(directory, "other-ca")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=127.0.0.1",
+        cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "2", "-out", "server.crt", "-extfile", "san.ext",
+        cwd=directory,
+    )  # fmt: skip
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tls_redis(
+    certificates: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisServer]:
+    server = RedisServer(
+        tmp_path_factory.mktemp("redis-tls"),
+        plain_port=False,
+        extra=[
+            "--tls-cert-file", str(certificates / "server.crt"),
+            "--tls-key-file", str(certificates / "server.key"),
+            "--tls-ca-cert-file", str(certificates / "ca.crt"),
+            "--tls-auth-clients", "no",
+            "--requirepass", "s3cret",
+        ],
+    )  # fmt: skip
+    server.start()
+    yield server
+    server.kill()
+
+
+def _config(url: str, **options: str) -> RouterConfig:
+    model = ModelConfig(
+        prefill=[InstanceConfig(url="http://127.0.0.1:1")],
+        decode=[InstanceConfig(url="http://127.0.0.1:2")],
+    )
+    return RouterConfig(
+        models=[model], redis=url, store_timeout=2.0, redis_options=RedisOptions(**options)
+    )
+
+
+async def test_tls_with_the_deployments_ca_and_a_password_from_a_secret_file(
+    tls_redis: RedisServer, certificates: Path, tmp_path: Path
+) -> None:
+    secret = tmp_path / "redis-password"
+    secret.write_text("s3cret\n")
+    config = _config(
+        f"rediss://127.0.0.1:{tls_redis.port}/0",
+        ca_file=str(certificates / "ca.crt"),
+        password_file=str(secret),
+    )
+    store = open_store(config)
+    try:
+        await check_store(store)
+        record = make_record(1)
+        assert (await store.commit(KEY, record, now=time.time())).written
+        assert await store.claim(KEY) == record
+    finally:
+        await store.close()
+
+
+async def test_a_ca_that_did_not_sign_the_server_is_a_clear_startup_error(
+    tls_redis: RedisServer, certificates: Path
+) -> None:
+    config = _config(
+        f"rediss://:s3cret@127.0.0.1:{tls_redis.port}/0",
+        ca_file=str(certificates / "other-ca.crt"),
+    )
+    store = open_store(config)
+    try:
+        with pytest.raises(ConfigError, match=r"TLS handshake failed.*certificate verify failed"):
+            await check_store(store)
+    finally:
+        await store.close()
+
+
+def test_tls_files_that_cannot_be_read_or_a_plain_url_with_them_are_refused(
+    certificates: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match="TLS files"):
+        open_store(_config("rediss://127.0.0.1:1/0", ca_file=str(tmp_path / "missing.crt")))
+    with pytest.raises(ConfigError, match="rediss://"):
+        open_store(_config("redis://127.0.0.1:1/0", ca_file=str(certificates / "ca.crt")))
+    with pytest.raises(ConfigError, match="password file"):
+        open_store(_config("redis://127.0.0.1:1/0", password_file=str(tmp_path / "none")))
+
+
+async def test_without_a_replica_acknowledging_a_claim_its_handle_is_not_used(
+    redis_server: RedisServer,
+) -> None:
+    # One server asked for replica durability: WAIT answers 0, as a primary cut off from its
+    # replicas would, whose writes a failover is about to lose.
+    store = RedisStore.from_url(
+        redis_server.url,
+        namespace=f"t{uuid.uuid4().hex}",
+        timeout=2.0,
+        durability=Durability.REPLICA,
+        wait_timeout=0.01,
+    )
+    try:
+        first, second = make_record(1), make_record(1)
+        assert await store.commit(KEY, first, now=time.time()) == Committed(True, None)
+        # The replaced record is withheld: it could come back, so nobody may release it.
+        replaced = await store.commit(KEY, second, now=time.time())
+        assert replaced == Committed(True, None, withheld=True)
+        with pytest.raises(NotDurable):
+            await store.claim(KEY)
+        assert await store.get(KEY) is None  # claimed all the same: never sent by anyone here
+        assert await store.delete(KEY) is None
+    finally:
+        await store.close()
