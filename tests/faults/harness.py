@@ -1,5 +1,6 @@
-"""Two router processes sharing a real redis-server in front of simulated engines, and a
-steady multi-turn load that records what every request got."""
+"""Two router processes sharing real Redis (one server, a Sentinel-watched primary and
+replica, or a Cluster) in front of simulated engines, and a steady multi-turn load that
+records what every request got."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bench.sim.server import SimServer
 from tests.support.metrics import ascrape
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
+from tests.support.redis_topologies import RedisCluster, RedisSentinels
 from tests.support.router_proc import RouterProcess
 from tests.support.sims import MODEL, qwen3, sim_config
 from tests.support.stack import chat_turn
@@ -27,9 +29,12 @@ from tests.support.stack import chat_turn
 TEXT = "[{cid} {turn}] Tell me about the rivers, stones and seasons of an old garden and its gardener. "
 
 
+Deployment = RedisServer | RedisSentinels | RedisCluster
+
+
 @dataclass
 class Harness:
-    redis: RedisServer
+    deployment: Deployment
     prefill: list[SimServer]
     decode: list[SimServer]
     reference: SimServer
@@ -38,6 +43,22 @@ class Harness:
     client: httpx.AsyncClient
     dead_routers: set[int] = field(default_factory=set)
     tokens_render: SimRenderServer | None = None  # tokens-only engines' render server
+
+    @property
+    def redis(self) -> RedisServer:
+        """The one server (the single-server cases)."""
+        assert isinstance(self.deployment, RedisServer)
+        return self.deployment
+
+    @property
+    def sentinels(self) -> RedisSentinels:
+        assert isinstance(self.deployment, RedisSentinels)
+        return self.deployment
+
+    @property
+    def cluster(self) -> RedisCluster:
+        assert isinstance(self.deployment, RedisCluster)
+        return self.deployment
 
     def router_url(self, turn: int) -> str:
         live = [i for i in range(len(self.routers)) if i not in self.dead_routers]
@@ -75,13 +96,21 @@ async def harness(
     p_sim: dict[str, Any] | None = None,
     with_render: bool = False,
     tokens: bool = False,
+    topology: str = "single",
 ) -> AsyncIterator[Harness]:
     """``tokens``: ``--tokens-only`` P and D and a simulated render server
-    (``engine_api = "tokens"``); the reference engine serves the OpenAI API."""
+    (``engine_api = "tokens"``); the reference engine serves the OpenAI API. ``topology``:
+    ``single``, ``sentinel`` or ``cluster``, started for this harness alone."""
     async with AsyncExitStack() as exits:
-        redis = RedisServer(tmp_path / "redis")
+        redis: Deployment
+        if topology == "sentinel":
+            redis = RedisSentinels(tmp_path / "redis")
+        elif topology == "cluster":
+            redis = RedisCluster(tmp_path / "redis")
+        else:
+            redis = RedisServer(tmp_path / "redis")
+        exits.callback(redis.stop if not isinstance(redis, RedisServer) else redis.kill)
         redis.start()
-        exits.callback(redis.kill)
         common: dict[str, Any] = {"threshold": 16, "tokens_only": tokens}
         prefill = [
             await _start(SimServer(sim_config("kv_producer", **common, **(p_sim or {})), qwen3()))

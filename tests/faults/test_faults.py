@@ -296,3 +296,110 @@ async def test_router_killed_mid_stream(tmp_path: Path) -> None:
             note="requests in flight on the killed router fail with a closed connection; the other router keeps serving the same conversations from Redis",
         )
         assert outcome.paths["reuse"] > 0
+
+
+# Redis deployments. The fault lasts until the deployment has healed: the store's calls retry
+# within their deadline while a new primary is elected, and turns are served cold meanwhile.
+# With replica durability, a primary without a replica in sync answers WAIT with 0, so turns
+# stay cold (not_durable) until the failed node is back as a replica.
+
+
+async def test_sentinel_primary_killed(tmp_path: Path) -> None:
+    async with harness(tmp_path, topology="sentinel") as h:
+        deployment = h.sentinels
+        old = deployment.current_primary()
+
+        async def kill() -> None:
+            old.kill()
+            await asyncio.to_thread(deployment.wait_failed_over, old)
+
+        async def restart() -> None:
+            await asyncio.to_thread(old.start)  # the Sentinels make it a replica
+            await asyncio.to_thread(deployment.wait_replicated_to, deployment.current_primary())
+
+        await run_case(
+            h,
+            "redis sentinel: primary killed, failed over, restarted",
+            kill,
+            restart,
+            note="cold while the Sentinels elect the replica (down-after 2 s); claims stay cold (not durable) until the old primary is back as its replica",
+        )
+
+
+async def test_sentinel_one_sentinel_killed(tmp_path: Path) -> None:
+    async with harness(tmp_path, topology="sentinel") as h:
+        victim = h.sentinels.sentinels[0]
+
+        async def kill() -> None:
+            victim.kill()
+
+        async def restart() -> None:
+            await asyncio.to_thread(victim.start)
+
+        outcome = await run_case(h, "redis sentinel: one Sentinel killed", kill, restart)
+        assert outcome.failed == 0
+
+
+async def test_sentinel_replica_frozen(tmp_path: Path) -> None:
+    async with harness(tmp_path, topology="sentinel") as h:
+        replica = next(
+            s for s in (h.sentinels.primary, h.sentinels.replica)
+            if s is not h.sentinels.current_primary()
+        )  # fmt: skip
+
+        async def freeze() -> None:
+            replica.pause()  # partitioned: the primary's WAIT gets no acknowledgement
+
+        async def thaw() -> None:
+            replica.resume()
+
+        outcome = await run_case(
+            h,
+            "redis sentinel: replica partitioned (SIGSTOP)",
+            freeze,
+            thaw,
+            note="claims the replica did not acknowledge are not used (cold, not_durable); reuse resumes when it answers",
+        )
+        assert outcome.failed == 0
+
+
+async def test_cluster_primary_killed(tmp_path: Path) -> None:
+    async with harness(tmp_path, topology="cluster") as h:
+        cluster = h.cluster
+        victim = next(n for n in cluster.nodes if n.cli("ROLE").split()[0] == "master")
+
+        async def kill() -> None:
+            victim.kill()
+            await asyncio.to_thread(cluster.wait_healthy, replicas=False)
+
+        async def restart() -> None:
+            await asyncio.to_thread(victim.start)  # rejoins as its old replica's replica
+            await asyncio.to_thread(cluster.wait_healthy)
+
+        await run_case(
+            h,
+            "redis cluster: a primary killed, failed over, restarted",
+            kill,
+            restart,
+            note="conversations in the killed primary's slots are cold until its replica takes over (node timeout 2 s), then not durable until the node is back as a replica; the other slots keep reusing",
+        )
+
+
+async def test_cluster_slots_moved_during_traffic(tmp_path: Path) -> None:
+    async with harness(tmp_path, topology="cluster") as h:
+        cluster = h.cluster
+
+        async def reshard() -> None:
+            await asyncio.to_thread(cluster.move_slots, 2000)
+
+        async def back() -> None:
+            await asyncio.to_thread(cluster.move_slots, 2000)
+
+        outcome = await run_case(
+            h,
+            "redis cluster: 2,000 slots resharded during traffic, twice",
+            reshard,
+            back,
+            note="MOVED and ASK redirects are followed within the store deadline",
+        )
+        assert outcome.failed == 0

@@ -83,8 +83,9 @@ class RedisCluster:
         )
         self.wait_healthy()
 
-    def wait_healthy(self) -> None:
-        """Every live node says the cluster is ok and sees three primaries serving slots."""
+    def wait_healthy(self, *, replicas: bool = True) -> None:
+        """Every live node says the cluster is ok; with ``replicas``, every primary also has
+        a replica in sync."""
 
         def ok() -> object:
             for node in self.nodes:
@@ -106,7 +107,41 @@ class RedisCluster:
             return True
 
         _wait(ok, "the Redis Cluster did not become ok")
-        _wait(replicated, "the Redis Cluster's replicas did not sync")
+        if replicas:
+            _wait(replicated, "the Redis Cluster's replicas did not sync")
+
+    def move_slots(self, count: int) -> None:
+        """``redis-cli --cluster reshard``: ``count`` slots, keys included, from the first
+        primary to the next one (MIGRATE: clients meet ASK, then MOVED)."""
+        primaries = []
+        for line in self._live().cli("CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            if "master" in fields[2] and "fail" not in fields[2] and len(fields) > 8:
+                primaries.append(fields[0])
+        primaries.sort()
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "reshard",
+                f"127.0.0.1:{self._live().port}",
+                "--cluster-from",
+                primaries[0],
+                "--cluster-to",
+                primaries[1],
+                "--cluster-slots",
+                str(count),
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        self.wait_healthy()
+
+    def _live(self) -> RedisServer:
+        return next(node for node in self.nodes if node.process is not None)
 
     def primary_of(self, key: str) -> RedisServer:
         """The node serving ``key``'s slot now."""
@@ -187,6 +222,15 @@ class RedisSentinels:
             return "master_link_status:up" in info or info
 
         _wait(linked, "the replica did not sync with its primary")
+
+    def wait_replicated_to(self, primary: RedisServer) -> None:
+        """Until ``primary`` has a replica in sync."""
+
+        def synced() -> object:
+            info = primary.cli("INFO", "replication")
+            return ("role:master" in info and "state=online" in info) or info
+
+        _wait(synced, "the primary got no replica in sync")
 
     def wait_failed_over(self, old: RedisServer) -> RedisServer:
         """Until a Sentinel names a primary other than ``old``, which it returns."""
