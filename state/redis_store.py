@@ -90,11 +90,13 @@ class NotDurable(StoreUnavailable):
 class _Shard:
     """The keys of one shard: its tag, and the held-index triples per instance (built once)."""
 
-    __slots__ = ("indexes", "tag")
+    __slots__ = ("indexes", "keys", "known", "tag")
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
         self.indexes: dict[str, tuple[str, str, str]] = {}
+        self.known: list[str] | None = None  #: the instance list ``keys`` was built for
+        self.keys: list[Arg] = []
 
     def triple(self, namespace: str, instance: str) -> tuple[str, str, str]:
         found = self.indexes.get(instance)
@@ -144,6 +146,7 @@ class RedisStore:
         self._wait_replicas = wait_replicas
         #: decode instances whose held indexes every record script gets (learned as met)
         self._instances: list[str] = []
+        self._head: list[Arg] = [0]  #: the scripts' ARGV head: how many instances, their names
 
     @classmethod
     def from_url(
@@ -199,34 +202,33 @@ class RedisStore:
         shard: _Shard,
         keys: Sequence[Arg],
         args: Sequence[Arg],
-        *,
-        extra: Sequence[str] = (),
     ) -> tuple[Any, bool]:
         """Run a script that keeps the held indexes in step; returns its answer (after the
         ``{1, …}`` status) and whether it is durable. A holder the script was not given the
         keys of is learned and the script sent again (it changed nothing)."""
         while True:
             known = self._instances
-            head: list[Arg] = [len(known), *known]
-            after = self._wait if self._durable else None
+            if shard.known is not known:  # built once per shard and instance list
+                shard.known, shard.keys = known, self._indexes(shard, known)
             reply, acked = await self._channel.script(
                 script,
-                [*keys, *self._indexes(shard, known)],
-                [*head, *args],
-                after=after,
+                [*keys, *shard.keys],
+                [*self._head, *args],
+                after=self._wait if self._durable else None,
             )
             if reply and reply[0] == b"holder":
                 name = reply[1].decode()
                 if name in known:  # cannot happen: the script found it missing
                     raise RespError(f"the store's script does not find {name!r}'s indexes")
-                self._instances = [*known, name]
+                self._learn(name)
                 continue
             durable = not self._durable or (isinstance(acked, int) and acked >= self._wait_replicas)
             return reply, durable
 
     def _learn(self, instance: str) -> None:
         if instance not in self._instances:
-            self._instances = [*self._instances, instance]
+            self._instances = known = [*self._instances, instance]
+            self._head = [len(known), *known]
 
     # the Store protocol
 

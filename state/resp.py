@@ -271,7 +271,13 @@ class RespChannel:
         if connection is None:
             connection = await self._connect()
         futures = [connection.send(pack(command)) for command in commands]
-        return list(await asyncio.gather(*futures, return_exceptions=True))
+        replies: list[Any] = []
+        for future in futures:  # in order: no gather (a task per reply costs more than this)
+            try:
+                replies.append(await future)
+            except RespError as exc:
+                replies.append(exc)
+        return replies
 
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         head: list[Arg] = [len(keys), *keys, *args]
@@ -296,6 +302,8 @@ class RespChannel:
     ) -> tuple[Any, Any]:
         """``evalsha`` with one command written just before it (``ASKING``) and one just after
         (``WAIT``); returns the script's reply and the one after it."""
+        if before is None and after is None:  # the common case: one frame, one future
+            return await self.evalsha(script, keys, args), None
         head: list[Arg] = [len(keys), *keys, *args]
         for command in (["EVALSHA", script.sha, *head], ["EVAL", script.text, *head]):
             replies = await self.run(*filter(None, (before, command, after)))

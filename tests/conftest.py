@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from bench.redis_server import RedisServer
+from bench.redis_topologies import RedisCluster, RedisSentinels
 from tests.support.reaper import start_watchdog
-from tests.support.redis_server import RedisServer
-from tests.support.redis_topologies import RedisCluster, RedisSentinels
 
 # Property tests judge answers, not speed: no per-example deadline and no "too slow" health
 # check, which a loaded 2-core machine would trip.

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.redis_server import RedisServer
 from router.config import ConfigError, InstanceConfig, ModelConfig, RedisOptions, RouterConfig
 from router.store import check_store, open_store
 from state import Committed, ConversationKey, Durability, NotDurable, RedisStore
 from tests.support.records import make_record
-from tests.support.redis_server import RedisServer
 
 KEY = ConversationKey("acme", "m", "c1")
 

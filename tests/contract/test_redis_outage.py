@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from bench.redis_server import RedisServer
 from state import ConversationKey, RedisStore, StoreUnavailable
 from tests.support.records import make_record
-from tests.support.redis_server import RedisServer
 
 KEY = ConversationKey("acme", "m", "c1")
 

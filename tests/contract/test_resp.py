@@ -9,10 +9,10 @@ import time
 import pytest
 import redis
 
+from bench.redis_server import RedisServer
 from state import ConversationKey, RedisStore, StoreUnavailable
 from state.resp import Address, ReplyError, RespChannel, RespConnectionError, Script
 from tests.support.records import make_record
-from tests.support.redis_server import RedisServer
 
 KEY = ConversationKey("acme", "m", "c1")
 

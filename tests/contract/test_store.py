@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from bench.redis_server import RedisServer
 from state import Committed, ConversationKey, Held, MemoryStore, RedisStore, Store
 from tests.support.records import make_record
-from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
 TOPOLOGIES = ["single", "sentinel", "cluster"]

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
-from tests.support.redis_server import RedisServer
 from tests.support.stack import Stack, chat_turn, reference_chat, stack
 from tests.support.waiting import eventually
 

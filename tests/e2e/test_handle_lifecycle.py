@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
-from tests.support.redis_server import RedisServer
 from tests.support.stack import chat_turn, first_turn, held_by, reference_chat, stack
 from tests.support.waiting import eventually
 

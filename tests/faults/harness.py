@@ -16,12 +16,12 @@ from typing import Any
 
 import httpx
 
+from bench.redis_server import RedisServer
+from bench.redis_topologies import RedisCluster, RedisSentinels
 from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
 from tests.support.metrics import ascrape
 from tests.support.ports import free_port
-from tests.support.redis_server import RedisServer
-from tests.support.redis_topologies import RedisCluster, RedisSentinels
 from tests.support.router_proc import RouterProcess
 from tests.support.sims import MODEL, qwen3, sim_config
 from tests.support.stack import chat_turn

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from bench.real.launch import EngineDied, VllmPair
-from tests.support.redis_server import RedisServer
+from bench.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
 
 pytestmark = pytest.mark.real

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from bench.real.launch import VllmPair
+from bench.redis_server import RedisServer
 from tests.real.conftest import routed
 from tests.real.helpers import (
     BLOCK,
@@ -29,7 +30,6 @@ from tests.real.helpers import (
     urls,
 )
 from tests.support.metrics import ascrape
-from tests.support.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 

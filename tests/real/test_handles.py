@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from bench.real.launch import VllmPair
+from bench.redis_server import RedisServer
 from router.auth import DEFAULT_TENANT
 from state import ConversationKey, RedisStore
 from tests.real.conftest import D_TTL
@@ -28,7 +29,6 @@ from tests.real.helpers import (
     urls,
 )
 from tests.support.metrics import ascrape
-from tests.support.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
 
 pytestmark = pytest.mark.real

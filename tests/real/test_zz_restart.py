@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from bench.real.launch import VllmPair
+from bench.redis_server import RedisServer
 from tests.real.conftest import routed
 from tests.real.helpers import chat, same_output, text, urls
 from tests.support.metrics import ascrape
-from tests.support.redis_server import RedisServer
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.real

@@ -20,6 +20,7 @@ import pytest
 
 from bench.real.launch import VllmPair, single_engine
 from bench.real.render import RenderServerProcess
+from bench.redis_server import RedisServer
 from router.config import Timeouts
 from router.tokens.answers import StreamMender, mend_whole
 from router.tokens.server import RenderServerClient
@@ -28,7 +29,6 @@ from router.upstream import Upstream
 from tests.real.conftest import Engines, routed, router_flags
 from tests.real.helpers import COMPUTED, HITS, PULLED, SERVED_NAME, text, urls
 from tests.support.metrics import ascrape
-from tests.support.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 

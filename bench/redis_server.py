@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.support.ports import free_port
+from bench.ports import free_port
 
 
 class RedisServer:
