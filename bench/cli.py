@@ -70,6 +70,25 @@ def _overhead(args: argparse.Namespace) -> None:
     )
 
 
+def _replicas(args: argparse.Namespace) -> None:
+    from bench.replicas import render, run_replicas
+
+    conversations = generate(
+        WorkloadSpec(
+            conversations=args.conversations,
+            turns=args.turns,
+            user_tokens=args.user_tokens,
+            output_tokens=args.output_tokens,
+            seed=args.seed,
+        )
+    )
+    rows = run_replicas(
+        conversations, args.out, routers=args.routers, stores=args.stores, speed=args.speed
+    )
+    print(render(rows))
+    print(f"written to {args.out}")
+
+
 def _ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",")]
 
@@ -152,6 +171,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     o.add_argument("--decode-port", type=int, help="fixed port of the simulated D")
     o.add_argument("--out", type=Path, default=Path("results/overhead"))
     o.set_defaults(func=_overhead)
+    r = sub.add_parser("replicas", help="one workload through 1, 2, 4, 8 router processes")
+    r.add_argument("--routers", type=_ints, default=[1, 2, 4, 8])
+    r.add_argument("--stores", type=lambda t: t.split(","), default=["redis", "cluster", "memory"])
+    r.add_argument("--conversations", type=int, default=32)
+    r.add_argument("--turns", type=int, default=6)
+    r.add_argument("--user-tokens", type=Distribution.parse, default=Distribution("constant", 300))
+    r.add_argument("--output-tokens", type=Distribution.parse, default=Distribution("constant", 40))
+    r.add_argument("--speed", type=float, default=1.0, help="simulated delay multiplier")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", type=Path, default=Path("results/replicas"))
+    r.set_defaults(func=_replicas)
     s = sub.add_parser("sim", help="requests/s one simulated instance serves with delays off")
     s.add_argument("--requests", type=int, default=5000)
     s.add_argument("--concurrency", type=int, default=64)

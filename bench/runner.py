@@ -13,7 +13,7 @@ import msgspec
 
 from bench.workload import Conversation
 
-__all__ = ["TurnRecord", "run_arm"]
+__all__ = ["TurnRecord", "one_turn", "run_arm"]
 
 _decode = msgspec.json.Decoder()
 
@@ -48,7 +48,7 @@ class _Progress:
             sys.stderr.flush()
 
 
-async def _one_turn(
+async def one_turn(
     client: httpx.AsyncClient,
     url: str,
     arm: str,
@@ -136,7 +136,7 @@ async def run_arm(
                         "content": "(edited) " + messages[position]["content"],
                     }
                 messages.append({"role": "user", "content": text})
-                record = await _one_turn(
+                record = await one_turn(
                     client, url, arm, conversation, turn, messages, model, send_conversation_id
                 )
                 records.append(record)
