@@ -159,10 +159,13 @@ def _plot(rows: Sequence[ReplicasRow], path: Path) -> None:
         counts = [row.routers for row in mine]
         share.plot(counts, [row.reuse_share for row in mine], marker="o", label=store)
         rate.plot(counts, [row.turns_per_second for row in mine], marker="o", label=store)
+    counts = sorted({row.routers for row in rows})
     share.set(xlabel="router processes", ylabel="reuse share, turns 2+", ylim=(0, 1.05))
     rate.set(xlabel="router processes", ylabel="turns/s")
+    rate.set_ylim(bottom=0)
     for axes in (share, rate):
         axes.set_xscale("log", base=2)
+        axes.set_xticks(counts, [str(c) for c in counts])
         axes.legend()
         axes.grid(alpha=0.3)
     figure.suptitle("Turns spread over router replicas (simulated 2 P + 2 D, one 2-core machine)")

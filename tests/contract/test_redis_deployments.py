@@ -3,6 +3,7 @@ from a secret file, and the durability rule (a claim no replica acknowledged is 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 import uuid
@@ -12,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from bench.redis_server import RedisServer
+from bench.redis_topologies import RedisSentinels
 from router.config import ConfigError, InstanceConfig, ModelConfig, RedisOptions, RouterConfig
 from router.store import check_store, open_store
 from state import Committed, ConversationKey, Durability, NotDurable, RedisStore
 from tests.support.records import make_record
+from tests.support.waiting import eventually
 
 KEY = ConversationKey("acme", "m", "c1")
 
@@ -152,3 +155,44 @@ async def test_without_a_replica_acknowledging_a_claim_its_handle_is_not_used(
         assert await store.delete(KEY) is None
     finally:
         await store.close()
+
+
+async def test_records_epochs_and_held_counts_written_durably_survive_a_failover(
+    tmp_path: Path,
+) -> None:
+    deployment = RedisSentinels(tmp_path / "sentinel")
+    try:
+        deployment.start()
+        store = RedisStore.from_url(deployment.url, namespace="t-failover", timeout=2.0)
+        records = {f"c{i}": make_record(i + 1, decode="d0") for i in range(6)}
+        # The durability rule on a replicated deployment's default: WAIT 1.
+        for name, record in records.items():
+            assert (
+                await store.commit(ConversationKey("acme", "m", name), record, now=time.time())
+            ).written
+        await store.observe_identity("d0", "process-1")
+        assert await store.observe_identity("d0", "process-2") == 1
+        old = deployment.current_primary()
+        old.kill()
+        new = await asyncio.to_thread(deployment.wait_failed_over, old)
+        # The promoted replica has every acknowledged write: the held index, the epoch, the
+        # records, each claimable exactly once.
+        held = await eventually(
+            lambda: store.held(["d0"], now=time.time()),
+            lambda got: got["d0"].count == 6,
+            what="the held count after the failover",
+        )
+        assert held["d0"].expired == 0
+        assert await store.epochs(["d0"]) == {"d0": 1}
+        # No replica yet: a claim now could be undone by the next failover, so it is refused.
+        with pytest.raises(NotDurable):
+            await store.claim(ConversationKey("acme", "m", "c0"))
+        del records["c0"]  # claimed all the same: its handle is left to expire
+        await asyncio.to_thread(old.start)  # the Sentinels make it the new primary's replica
+        await asyncio.to_thread(deployment.wait_replicated_to, new)
+        for name, record in records.items():
+            assert await store.claim(ConversationKey("acme", "m", name)) == record
+            assert await store.claim(ConversationKey("acme", "m", name)) is None
+        await store.close()
+    finally:
+        deployment.stop()

@@ -17,6 +17,7 @@ import yaml
 
 from bench.sim.config import parse_sim_args
 from router.cli import load_config
+from state.redis_url import Topology, parse_redis_url
 
 COMPOSE = Path(__file__).parents[2] / "compose.yaml"
 
@@ -62,7 +63,7 @@ def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
         else:
             raise AssertionError(f"unknown carryover command in {name}: {command}")
         parsed += 1
-    assert parsed == 5  # three routers (one per profile but sim's) and two simulated engines
+    assert parsed == 6  # four routers (gpu, tokens-only, sim, sentinel) and two simulated engines
 
 
 def test_engines_are_set_up_for_bidirectional_pd(compose: dict[str, Any]) -> None:
@@ -103,6 +104,33 @@ def test_the_tokens_only_profile_runs_the_four_stages(compose: dict[str, Any]) -
     assert f"--reasoning-parser={model.tokens.reasoning_parser}" in render["command"]
     assert f"--tool-call-parser={model.tokens.tool_call_parser}" in render["command"]
     assert "redis" in router["depends_on"] and "tokens-only" in services["redis"]["profiles"]
+
+
+def test_the_sentinel_profile_watches_a_primary_and_replica_with_three_sentinels(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    profile = {name for name, service in services.items() if "sentinel" in service["profiles"]}
+    sentinels = {name for name in profile if name.startswith("sentinel-")}
+    assert len(sentinels) == 3
+    assert {
+        "redis-primary",
+        "redis-replica",
+        "router-sentinel",
+        "prefill-sim",
+        "decode-sim",
+    } <= profile
+    replica = services["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1 :] == ["redis-primary", "6379"]
+    script = services["sentinel-1"]["command"][0]
+    assert "'sentinel monitor carryover redis-primary 6379 2'" in script  # quorum of 2 of 3
+    router = services["router-sentinel"]
+    config = load_config(router["command"][1:], environ={})
+    assert config.redis is not None
+    target = parse_redis_url(config.redis)
+    assert target.topology is Topology.SENTINEL and target.master_name == "carryover"
+    assert {host for host, _ in target.seeds} == sentinels
+    assert router["deploy"]["replicas"] == 2  # two routers share it
 
 
 def test_only_routers_are_published(compose: dict[str, Any]) -> None:
