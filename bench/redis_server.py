@@ -30,6 +30,7 @@ class RedisServer:
         extra: list[str] | None = None,
         sentinel: bool = False,
         plain_port: bool = True,
+        auth: tuple[str, str] | None = None,
     ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -40,6 +41,7 @@ class RedisServer:
         self.extra = extra or []
         self.sentinel = sentinel
         self.plain_port = plain_port  # False: TLS only (the port is tls-port)
+        self.auth = auth  # (user, password) the start probe logs in with
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,8 +88,9 @@ class RedisServer:
                     continue
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
+                    login = f"AUTH {self.auth[0]} {self.auth[1]}\r\n" if self.auth else ""
+                    conn.sendall(login.encode() + b"PING\r\n")
+                    if conn.recv(64).endswith(b"+PONG\r\n"):
                         return
             except OSError:
                 time.sleep(0.02)

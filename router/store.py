@@ -11,7 +11,7 @@ from pathlib import Path
 from router.config import ConfigError, RouterConfig
 from state import MemoryStore, RedisStore, Store, StoreUnavailable
 from state.redis_store import Durability
-from state.resp import RespTlsError, Tls
+from state.resp import ReplyError, RespTlsError, Tls
 
 __all__ = ["PASSWORD_ENV", "check_store", "open_store"]
 
@@ -19,6 +19,8 @@ log = logging.getLogger("carryover.router")
 
 #: The Redis password from the environment, when neither the URL nor a file gives one.
 PASSWORD_ENV = "CARRYOVER_REDIS_PASSWORD"
+
+_REFUSED_LOGIN = ("WRONGPASS", "NOAUTH", "NOPERM")
 
 
 def _password(config: RouterConfig) -> str | None:
@@ -53,10 +55,14 @@ def open_store(config: RouterConfig, *, clock: Callable[[], float] = time.time) 
 
 async def check_store(store: Store) -> None:
     """One ping before serving. Unreachable is served cold (the store may come back); a TLS
-    handshake that fails is a configuration error and stops the router."""
+    handshake that fails or credentials Redis refuses are configuration errors and stop the
+    router."""
     try:
         await store.ping()
     except StoreUnavailable as exc:
-        if isinstance(exc.__cause__, RespTlsError):
-            raise ConfigError(f"Redis TLS handshake failed: {exc.__cause__}") from None
+        cause = exc.__cause__
+        if isinstance(cause, RespTlsError):
+            raise ConfigError(f"Redis TLS handshake failed: {cause}") from None
+        if isinstance(cause, ReplyError) and str(cause).startswith(_REFUSED_LOGIN):
+            raise ConfigError(f"Redis refused the credentials: {cause}") from None
         log.warning("store unavailable at startup, turns are served cold until it answers: %s", exc)

@@ -16,7 +16,14 @@ from bench.redis_server import RedisServer
 from bench.redis_topologies import RedisSentinels
 from router.config import ConfigError, InstanceConfig, ModelConfig, RedisOptions, RouterConfig
 from router.store import check_store, open_store
-from state import Committed, ConversationKey, Durability, NotDurable, RedisStore
+from state import (
+    Committed,
+    ConversationKey,
+    Durability,
+    NotDurable,
+    RedisStore,
+    StoreUnavailable,
+)
 from tests.support.records import make_record
 from tests.support.waiting import eventually
 
@@ -196,3 +203,45 @@ async def test_records_epochs_and_held_counts_written_durably_survive_a_failover
         await store.close()
     finally:
         deployment.stop()
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    # An ACL user of its own and no default user: only "carry" with its password gets in.
+    server = RedisServer(
+        tmp_path / "redis-acl",
+        extra=["--user", "default", "off", "--user", "carry", "on", ">s3cret", "~*", "&*", "+@all"],
+        auth=("carry", "s3cret"),
+    )
+    server.start()
+    yield server
+    server.kill()
+
+
+async def test_an_acl_user_from_the_url_or_a_password_from_the_environment(
+    acl_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for url, env in (
+        (f"redis://carry:s3cret@127.0.0.1:{acl_redis.port}/0", None),
+        (f"redis://carry@127.0.0.1:{acl_redis.port}/0", "s3cret"),  # CARRYOVER_REDIS_PASSWORD
+    ):
+        if env is not None:
+            monkeypatch.setenv("CARRYOVER_REDIS_PASSWORD", env)
+        store = open_store(_config(url))
+        try:
+            await check_store(store)
+            record = make_record(1)
+            assert (await store.commit(KEY, record, now=time.time())).written
+            assert await store.claim(KEY) == record
+        finally:
+            await store.close()
+    denied = open_store(_config(f"redis://carry:wrong@127.0.0.1:{acl_redis.port}/0"))
+    try:
+        with pytest.raises(StoreUnavailable) as raised:
+            await denied.ping()
+        assert "wrong" not in str(raised.value)
+        with pytest.raises(ConfigError, match="refused the credentials") as refused:
+            await check_store(denied)  # a startup error, not a cold router
+        assert "wrong" not in str(refused.value)
+    finally:
+        await denied.close()
