@@ -17,7 +17,9 @@ from typing import Any, Protocol
 
 from state.resp import Arg, ReplyError, RespChannel, RespNotSent, Script
 
-__all__ = ["RETRY_PAUSE", "Channel", "refused_before_running"]
+__all__ = ["RETRY_PAUSE", "Channel", "Follow", "ScriptOnly", "refused_before_running"]
+
+Follow = Sequence[Arg] | None  #: a command written right behind another on its connection
 
 RETRY_PAUSE = 0.05  #: seconds between retries of a command that did not run
 
@@ -40,13 +42,7 @@ class Channel(Protocol):
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any: ...
 
     async def script(
-        self,
-        script: Script,
-        keys: Sequence[Arg],
-        args: Sequence[Arg],
-        *,
-        before: Sequence[Arg] | None = None,
-        after: Sequence[Arg] | None = None,
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, after: Follow = None
     ) -> tuple[Any, Any]:
         """The script with ``after`` (``WAIT``) written right behind it on the same node."""
         ...
@@ -56,3 +52,15 @@ class Channel(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class ScriptOnly:
+    """``evalsha`` for channels that implement ``script``."""
+
+    async def script(
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, after: Follow = None
+    ) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        return (await self.script(script, keys, args))[0]

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from state.channel import RETRY_PAUSE, refused_before_running
+from state.channel import RETRY_PAUSE, Follow, ScriptOnly, refused_before_running
 from state.resp import (
     Address,
     Arg,
@@ -38,7 +38,7 @@ def _node(reply: str) -> Node:
     return host, int(port)
 
 
-class ClusterChannel:
+class ClusterChannel(ScriptOnly):
     """Args:
     template: credentials and TLS every node's connection uses.
     seeds: nodes to read the first slot map from.
@@ -152,22 +152,13 @@ class ClusterChannel:
         return await self._routed(args[1] if len(args) > 1 else "", send)
 
     async def script(
-        self,
-        script: Script,
-        keys: Sequence[Arg],
-        args: Sequence[Arg],
-        *,
-        before: Sequence[Arg] | None = None,
-        after: Sequence[Arg] | None = None,
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, after: Follow = None
     ) -> tuple[Any, Any]:
         async def send(channel: RespChannel, asking: bool) -> tuple[Any, Any]:
-            first = ["ASKING"] if asking else before
-            return await channel.script(script, keys, args, before=first, after=after)
+            before = ["ASKING"] if asking else None
+            return await channel.script(script, keys, args, before=before, after=after)
 
         return await self._routed(keys[0] if keys else "", send)
-
-    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        return (await self.script(script, keys, args))[0]
 
     async def primaries(self) -> list[RespChannel]:
         if self._stale:

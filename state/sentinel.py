@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from state.channel import RETRY_PAUSE, refused_before_running
+from state.channel import RETRY_PAUSE, Follow, ScriptOnly, refused_before_running
 from state.resp import (
     Address,
     Arg,
@@ -30,7 +30,7 @@ __all__ = ["SentinelChannel"]
 T = TypeVar("T")
 
 
-class SentinelChannel:
+class SentinelChannel(ScriptOnly):
     """Args:
     template: the data nodes' credentials, database and TLS.
     sentinels: the Sentinels' hosts and ports.
@@ -128,20 +128,11 @@ class SentinelChannel:
         return await self._on_primary(lambda channel: channel.call(*args))
 
     async def script(
-        self,
-        script: Script,
-        keys: Sequence[Arg],
-        args: Sequence[Arg],
-        *,
-        before: Sequence[Arg] | None = None,
-        after: Sequence[Arg] | None = None,
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, after: Follow = None
     ) -> tuple[Any, Any]:
         return await self._on_primary(
-            lambda channel: channel.script(script, keys, args, before=before, after=after)
+            lambda channel: channel.script(script, keys, args, after=after)
         )
-
-    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        return (await self.script(script, keys, args))[0]
 
     async def primaries(self) -> list[RespChannel]:
         return [await self._on_primary(lambda channel: asyncio.sleep(0, channel))]
