@@ -39,9 +39,11 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server.kill()
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: the nodes' background work (gossip, Sentinel pings) would
+# otherwise go on through the real-vLLM tier, which needs every cycle of the two cores.
+@pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    """A 3-primary/3-replica Redis Cluster for the session (tests use their own namespaces)."""
+    """A 3-primary/3-replica Redis Cluster for a module (tests use their own namespaces)."""
     cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster"))
     try:
         cluster.start()
@@ -50,26 +52,12 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
         cluster.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def redis_sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSentinels]:
-    """A primary and a replica watched by three Sentinels, for the session."""
+    """A primary and a replica watched by three Sentinels, for a module."""
     sentinels = RedisSentinels(tmp_path_factory.mktemp("redis-sentinel"))
     try:
         sentinels.start()
         yield sentinels
     finally:
         sentinels.stop()
-
-
-@pytest.fixture
-def redis_url(request: pytest.FixtureRequest) -> str:
-    """The URL of the deployment a test is parametrized with (``single``, ``sentinel`` or
-    ``cluster``: ``@pytest.mark.parametrize("redis_url", [...], indirect=True)``)."""
-    topology = getattr(request, "param", "single")
-    if topology == "single":
-        return str(request.getfixturevalue("redis_server").url)
-    if topology == "sentinel":
-        return str(request.getfixturevalue("redis_sentinels").url)
-    if topology == "cluster":
-        return str(request.getfixturevalue("redis_cluster").url)
-    raise ValueError(f"unknown Redis topology {topology!r}")
