@@ -5,7 +5,7 @@
 * ``redis+sentinel://[user:password@]host1:26379,host2:26379/<master name>[/db]``
   (``rediss+sentinel://`` for TLS): the primary the Sentinels name; found again after a
   failover. The credentials are the data nodes'; Sentinels that need their own password take
-  ``?sentinel_password=`` (or the ``sentinel_password_file`` option).
+  ``?sentinel_password=``.
 * ``redis+cluster://[user:password@]host1:port,host2:port`` (``rediss+cluster://``): a Redis
   Cluster, found from any of the seed nodes; database 0 only, as Cluster has no other.
 

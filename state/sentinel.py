@@ -54,7 +54,10 @@ class SentinelChannel(ScriptOnly):
         self._master_name = master_name
         self._connect_timeout = connect_timeout
         self._dead_after = dead_after
-        sentinel_address = Address(password=sentinel_password, tls=template.tls)
+        # Sentinels speak TLS when the data nodes do, with the same CA and client certificate.
+        sentinel_address = Address(
+            password=sentinel_password, tls=template.tls, tls_files=template.tls_files
+        )
         self._sentinels = [
             RespChannel(
                 sentinel_address.at(host, port), connect_timeout=connect_timeout, dead_after=1.0

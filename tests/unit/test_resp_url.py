@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 
 from state.redis_url import Topology, parse_redis_url
@@ -130,3 +132,19 @@ def test_shard_tags_spread_evenly_over_the_slot_ranges() -> None:
     ]
     assert max(thirds) - min(thirds) <= 1  # three primaries with equal ranges: 21 or 22 each
     assert shard_tags(64) == tags  # every router computes the same
+
+
+def test_sentinels_are_reached_with_the_data_nodes_tls_files() -> None:
+    from state.sentinel import SentinelChannel
+
+    ca = ssl.get_default_verify_paths().cafile
+    assert ca is not None
+    template = Address(tls=True, tls_files=Tls(ca_file=ca), password="node-pw")
+    channel = SentinelChannel(template, [("s1", 26379)], "m", sentinel_password="sentinel-pw")
+    sentinel = channel._sentinels[0].address
+    assert (sentinel.tls, sentinel.tls_files, sentinel.password) == (
+        True,
+        Tls(ca_file=ca),
+        "sentinel-pw",
+    )
+    channel.close()
