@@ -42,6 +42,7 @@ class RedisServer:
         self.sentinel = sentinel
         self.plain_port = plain_port  # False: TLS only (the port is tls-port)
         self.auth = auth  # (user, password) the start probe logs in with
+        self.paused = False
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -98,6 +99,11 @@ class RedisServer:
             f"redis-server did not start on port {self.port}: see {self.workdir / 'redis.log'}"
         )
 
+    @property
+    def answering(self) -> bool:
+        """Running and not frozen."""
+        return self.process is not None and not self.paused
+
     def cli(self, *args: str) -> str:
         """``redis-cli`` against this server; its output."""
         result = subprocess.run(
@@ -116,15 +122,18 @@ class RedisServer:
             self.process.kill()
             self.process.wait(timeout=10)
             self.process = None
+        self.paused = False
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): connections stay open but nothing answers."""
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGSTOP)
+        self.paused = True
 
     def resume(self) -> None:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGCONT)
+        self.paused = False
 
     def restart(self) -> None:
         self.kill()

@@ -89,7 +89,7 @@ class RedisCluster:
 
         def ok() -> object:
             for node in self.nodes:
-                if node.process is None:
+                if not node.answering:
                     continue
                 info = node.cli("CLUSTER", "INFO")
                 if "cluster_state:ok" not in info:
@@ -99,7 +99,7 @@ class RedisCluster:
         def replicated() -> object:
             # Every primary has a replica in sync (until then WAIT answers 0).
             for node in self.nodes:
-                if node.process is None:
+                if not node.answering:
                     continue
                 info = node.cli("INFO", "replication")
                 if "role:master" in info and ("state=online" not in info):
@@ -141,13 +141,13 @@ class RedisCluster:
         self.wait_healthy()
 
     def _live(self) -> RedisServer:
-        return next(node for node in self.nodes if node.process is not None)
+        return next(node for node in self.nodes if node.answering)
 
     def primary_of(self, key: str) -> RedisServer:
         """The node serving ``key``'s slot now."""
         slot = self.nodes[0].cli("CLUSTER", "KEYSLOT", key).strip()
         for node in self.nodes:
-            if node.process is None:
+            if not node.answering:
                 continue
             role = node.cli("ROLE").split()[0]
             if role != "master":
@@ -198,7 +198,7 @@ class RedisSentinels:
 
     def _sentinels_agree(self) -> object:
         for sentinel in self.sentinels:
-            if sentinel.process is None:
+            if not sentinel.answering:
                 continue
             info = sentinel.cli("SENTINEL", "MASTER", self.MASTER)
             lines = info.splitlines()
@@ -210,7 +210,7 @@ class RedisSentinels:
     def current_primary(self) -> RedisServer:
         """The server the Sentinels name now."""
         for sentinel in self.sentinels:
-            if sentinel.process is None:
+            if not sentinel.answering:
                 continue
             port = int(sentinel.cli("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER).split()[1])
             return next(s for s in (self.primary, self.replica) if s.port == port)

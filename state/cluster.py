@@ -85,9 +85,14 @@ class ClusterChannel(ScriptOnly):
         failures: list[str] = []
         for node in [*self._seeds, *(n for n in self._nodes if n not in self._seeds)]:
             try:
-                reply = await self._channel(node).call("CLUSTER", "SLOTS")
+                # Each node gets a connect timeout: a frozen one must not hold up the rest.
+                async with asyncio.timeout(self._connect_timeout):
+                    reply = await self._channel(node).call("CLUSTER", "SLOTS")
             except RespTlsError:
                 raise
+            except TimeoutError:
+                failures.append(f"{node[0]}:{node[1]}: no answer")
+                continue
             except RespConnectionError as exc:
                 failures.append(f"{node[0]}:{node[1]}: {exc}")
                 continue
@@ -136,6 +141,11 @@ class ClusterChannel(ScriptOnly):
                 if not refused_before_running(exc):
                     self._stale = True  # the node may be gone: read the map next time
                     raise
+            except asyncio.CancelledError:
+                # Out of time (the store's deadline): the node may be frozen, its slots
+                # already served by a promoted replica. Read the map before the next call.
+                self._stale = True
+                raise
             asking = None
             self._stale = True
             await asyncio.sleep(RETRY_PAUSE)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.redis_server import RedisServer
-from bench.redis_topologies import RedisSentinels
+from bench.redis_topologies import RedisCluster, RedisSentinels
 from router.config import ConfigError, InstanceConfig, ModelConfig, RedisOptions, RouterConfig
 from router.store import check_store, open_store
 from state import (
@@ -245,3 +245,38 @@ async def test_an_acl_user_from_the_url_or_a_password_from_the_environment(
         assert "wrong" not in str(refused.value)
     finally:
         await denied.close()
+
+
+async def test_a_frozen_cluster_primary_is_left_for_the_replica_that_took_its_slots(
+    tmp_path: Path,
+) -> None:
+    # A frozen node keeps its connections open and answers nothing: only the calls' deadlines
+    # say something is wrong, and they must send the store back to the slot map.
+    cluster = RedisCluster(tmp_path / "cluster")
+    victim: RedisServer | None = None
+    try:
+        cluster.start()
+        store = RedisStore.from_url(
+            cluster.url, namespace="t-frozen", timeout=0.5, durability=Durability.NONE
+        )
+        record = make_record(1)
+        assert (await store.commit(KEY, record, now=time.time())).written
+        victim = cluster.primary_of(store._record_key(KEY, store._shard(KEY)))
+        cluster.wait_healthy()  # the write reached the replica
+        victim.pause()
+        with pytest.raises(StoreUnavailable):
+            await store.get(KEY)
+        await asyncio.to_thread(cluster.wait_healthy, replicas=False)  # failed over
+
+        async def read() -> object:
+            try:
+                return await store.get(KEY)
+            except StoreUnavailable:
+                return None
+
+        assert await eventually(read, what="the record read from the promoted replica") == record
+        await store.close()
+    finally:
+        if victim is not None:
+            victim.resume()
+        cluster.stop()
