@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from state.resp import Arg, ReplyError, RespChannel, RespNotSent, Script
 
-__all__ = ["RETRY_PAUSE", "Channel", "Follow", "ScriptOnly", "refused_before_running"]
+__all__ = ["RETRY_PAUSE", "Channel", "Follow", "refused_before_running"]
 
 Follow = Sequence[Arg] | None  #: a command written right behind another on its connection
 
@@ -39,8 +39,6 @@ class Channel(Protocol):
 
     async def call(self, *args: Arg) -> Any: ...
 
-    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any: ...
-
     async def script(
         self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, after: Follow = None
     ) -> tuple[Any, Any]:
@@ -52,15 +50,3 @@ class Channel(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-class ScriptOnly:
-    """``evalsha`` for channels that implement ``script``."""
-
-    async def script(
-        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], *, after: Follow = None
-    ) -> tuple[Any, Any]:
-        raise NotImplementedError
-
-    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        return (await self.script(script, keys, args))[0]

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from state.channel import RETRY_PAUSE, Follow, ScriptOnly, refused_before_running
+from state.channel import RETRY_PAUSE, Follow, refused_before_running
 from state.resp import (
     Address,
     Arg,
@@ -38,7 +38,7 @@ def _node(reply: str) -> Node:
     return host, int(port)
 
 
-class ClusterChannel(ScriptOnly):
+class ClusterChannel:
     """Args:
     template: credentials and TLS every node's connection uses.
     seeds: nodes to read the first slot map from.

@@ -40,7 +40,8 @@ from typing import Any, TypeVar
 from state import redis_scripts as scripts
 from state.channel import Channel
 from state.keys import ConversationKey
-from state.records import Record, RecordDecodeError
+from state.records import Record
+from state.redis_values import decode_value, encode_value
 from state.resp import Arg, RespError, Script
 from state.slots import shard_tags
 from state.store import Committed, Held, StoreUnavailable
@@ -48,31 +49,6 @@ from state.store import Committed, Held, StoreUnavailable
 __all__ = ["Durability", "NotDurable", "RedisStore"]
 
 T = TypeVar("T")
-
-_TURN_BYTES = 8
-_NAME_LEN_BYTES = 2
-
-
-def _encode(record: Record) -> bytes:
-    name = record.decode.encode()
-    return (
-        record.turn.to_bytes(_TURN_BYTES, "big")
-        + len(name).to_bytes(_NAME_LEN_BYTES, "big")
-        + name
-        + record.to_bytes()
-    )
-
-
-def _decode(value: bytes | str | None) -> Record | None:
-    if not isinstance(value, bytes):  # the client never decodes responses; None is a miss
-        return None
-    start = _TURN_BYTES + _NAME_LEN_BYTES
-    start += int.from_bytes(value[_TURN_BYTES:start], "big")
-    try:
-        return Record.from_bytes(value[start:])
-    except RecordDecodeError:
-        # A record from another version of the format is a miss, not an outage.
-        return None
 
 
 class Durability(StrEnum):
@@ -196,6 +172,9 @@ class RedisStore:
         except (RespError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
+    async def _eval(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        return (await self._channel.script(script, keys, args))[0]
+
     async def _record_script(
         self,
         script: Script,
@@ -232,17 +211,17 @@ class RedisStore:
 
     # the Store protocol
 
-    async def claim(self, key: ConversationKey) -> Record | None:
+    async def _on_record(
+        self, script: Script, key: ConversationKey, args: Sequence[Arg]
+    ) -> tuple[Any, bool]:
+        """A record script on ``key``'s record and ended mark, within the call deadline."""
         shard = self._shard(key)
-        reply, durable = await self._call(
-            lambda: self._record_script(
-                scripts.CLAIM,
-                shard,
-                [self._record_key(key, shard), self._ended_key(key, shard)],
-                [],
-            )
-        )
-        record = _decode(reply[1])
+        keys = [self._record_key(key, shard), self._ended_key(key, shard)]
+        return await self._call(lambda: self._record_script(script, shard, keys, args))
+
+    async def claim(self, key: ConversationKey) -> Record | None:
+        reply, durable = await self._on_record(scripts.CLAIM, key, [])
+        record = decode_value(reply[1])
         if record is not None and not durable:
             raise NotDurable("redis: no replica acknowledged the claim in time")
         return record
@@ -259,21 +238,17 @@ class RedisStore:
         if ttl_ms <= 0:
             return Committed(written=False)
         self._learn(record.decode)
-        shard = self._shard(key)
-        reply, durable = await self._call(
-            lambda: self._record_script(
-                scripts.COMMIT,
-                shard,
-                [self._record_key(key, shard), self._ended_key(key, shard)],
-                [
-                    _encode(record),
-                    ttl_ms,
-                    repr(record.expires_at),
-                    repr(record.created_at),
-                    repr(now),
-                    repr(started_at) if started_at is not None else "",
-                ],
-            )
+        reply, durable = await self._on_record(
+            scripts.COMMIT,
+            key,
+            [
+                encode_value(record),
+                ttl_ms,
+                repr(record.expires_at),
+                repr(record.created_at),
+                repr(now),
+                repr(started_at) if started_at is not None else "",
+            ],
         )
         written, replaced, *ended = reply
         # Not durable: a failover may bring the replaced record back, and with it its
@@ -281,40 +256,30 @@ class RedisStore:
         withheld = not durable and replaced is not None
         return Committed(
             written=bool(written),
-            replaced=None if withheld else _decode(replaced),
+            replaced=None if withheld else decode_value(replaced),
             ended=bool(ended and ended[0]),
             withheld=withheld,
         )
 
     async def get(self, key: ConversationKey) -> Record | None:
         shard = self._shard(key)
-        return _decode(
+        return decode_value(
             await self._call(lambda: self._channel.call("GET", self._record_key(key, shard)))
         )
 
     async def delete(
         self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
     ) -> Record | None:
-        shard = self._shard(key)
         args: list[Arg] = [repr(now), int(fence * 1000)] if now is not None and fence > 0 else []
-        reply, durable = await self._call(
-            lambda: self._record_script(
-                scripts.CLAIM,
-                shard,
-                [self._record_key(key, shard), self._ended_key(key, shard)],
-                args,
-            )
-        )
+        reply, durable = await self._on_record(scripts.CLAIM, key, args)
         # What was dropped is the caller's to release: only when no failover can undo it.
-        return _decode(reply[1]) if durable else None
+        return decode_value(reply[1]) if durable else None
 
     async def observe_identity(self, instance: str, identity: str) -> int:
         keys = [self._epoch_key(instance), f"{self._epoch_key(instance)}:identity"]
         # Not waited on: a bump a failover loses is made again by the next observation,
         # which sees the old identity back (router/pool.py observes every probe).
-        return int(
-            await self._call(lambda: self._channel.evalsha(scripts.OBSERVE, keys, [identity]))
-        )
+        return int(await self._call(lambda: self._eval(scripts.OBSERVE, keys, [identity])))
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:
         if not instances:
@@ -351,9 +316,7 @@ class RedisStore:
             self._learn(name)
 
         async def one(shard: _Shard) -> Any:
-            return await self._channel.evalsha(
-                scripts.HELD, self._indexes(shard, instances), [repr(now)]
-            )
+            return await self._eval(scripts.HELD, self._indexes(shard, instances), [repr(now)])
 
         answers = await self._call(lambda: asyncio.gather(*(one(s) for s in self._shards)))
         result: dict[str, Held] = {}
@@ -407,7 +370,7 @@ class RedisStore:
             return taken
 
         values = await self._call(take)
-        return [record for value in values if (record := _decode(value)) is not None]
+        return [record for value in values if (record := decode_value(value)) is not None]
 
     async def ping(self) -> None:
         await self._call(lambda: self._channel.call("PING"))

@@ -94,9 +94,10 @@ def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
     if not sep:
         raise ValueError(f"not a Redis URL: {url!r}")
     base, _, kind = scheme.partition("+")
+    query = parse_qs(urlsplit(url).query)
     if base in _SINGLE_SCHEMES and not kind:
         address = Address.from_url(url)
-        return RedisTarget(Topology.SINGLE, _with_tls(address, url, tls))
+        return RedisTarget(Topology.SINGLE, _with_tls(address, query, url, tls))
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
         raise ValueError(
             "a Redis URL starts with redis://, rediss://, unix://, redis+sentinel:// or "
@@ -109,7 +110,6 @@ def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
         user_text, colon, password_text = userinfo.partition(":")
         username = unquote(user_text) or None
         password = unquote(password_text) if colon else None
-    query = parse_qs(parts.query)
     path = [piece for piece in parts.path.split("/") if piece]
     template = Address(username=username, password=password, tls=base == "rediss")
     if kind == "sentinel":
@@ -119,7 +119,7 @@ def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
         sentinel_password = query["sentinel_password"][0] if "sentinel_password" in query else None
         return RedisTarget(
             Topology.SENTINEL,
-            _with_tls(replace(template, db=db), url, tls),
+            _with_tls(replace(template, db=db), query, url, tls),
             seeds=_hosts(netloc, _SENTINEL_PORT, url),
             master_name=unquote(path[0]),
             sentinel_password=sentinel_password,
@@ -127,12 +127,11 @@ def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
     if path or query.get("db", ["0"])[0] != "0":
         raise ValueError(f"Redis Cluster has database 0 only: {url!r}")
     return RedisTarget(
-        Topology.CLUSTER, _with_tls(template, url, tls), seeds=_hosts(netloc, 6379, url)
+        Topology.CLUSTER, _with_tls(template, query, url, tls), seeds=_hosts(netloc, 6379, url)
     )
 
 
-def _with_tls(address: Address, url: str, tls: Tls | None) -> Address:
-    query = parse_qs(urlsplit(url.replace("+sentinel", "").replace("+cluster", "")).query)
+def _with_tls(address: Address, query: dict[str, list[str]], url: str, tls: Tls | None) -> Address:
     given = tls or Tls()
     files = Tls(
         ca_file=query.get("ssl_ca_certs", [given.ca_file])[0],

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from state.channel import RETRY_PAUSE, Follow, ScriptOnly, refused_before_running
+from state.channel import RETRY_PAUSE, Follow, refused_before_running
 from state.resp import (
     Address,
     Arg,
@@ -30,7 +30,7 @@ __all__ = ["SentinelChannel"]
 T = TypeVar("T")
 
 
-class SentinelChannel(ScriptOnly):
+class SentinelChannel:
     """Args:
     template: the data nodes' credentials, database and TLS.
     sentinels: the Sentinels' hosts and ports.
@@ -138,7 +138,10 @@ class SentinelChannel(ScriptOnly):
         )
 
     async def primaries(self) -> list[RespChannel]:
-        return [await self._on_primary(lambda channel: asyncio.sleep(0, channel))]
+        async def found(channel: RespChannel) -> RespChannel:
+            return channel
+
+        return [await self._on_primary(found)]
 
     def close(self) -> None:
         for channel in [*self._sentinels, *filter(None, [self._primary])]:

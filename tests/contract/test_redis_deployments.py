@@ -92,6 +92,18 @@ def _config(url: str, **options: str) -> RouterConfig:
     )
 
 
+async def _serves(config: RouterConfig) -> None:
+    """The router's store passes the startup check and keeps a record."""
+    store = open_store(config)
+    try:
+        await check_store(store)
+        record = make_record(1)
+        assert (await store.commit(KEY, record, now=time.time())).written
+        assert await store.claim(KEY) == record
+    finally:
+        await store.close()
+
+
 async def test_tls_with_the_deployments_ca_and_a_password_from_a_secret_file(
     tls_redis: RedisServer, certificates: Path, tmp_path: Path
 ) -> None:
@@ -102,14 +114,7 @@ async def test_tls_with_the_deployments_ca_and_a_password_from_a_secret_file(
         ca_file=str(certificates / "ca.crt"),
         password_file=str(secret),
     )
-    store = open_store(config)
-    try:
-        await check_store(store)
-        record = make_record(1)
-        assert (await store.commit(KEY, record, now=time.time())).written
-        assert await store.claim(KEY) == record
-    finally:
-        await store.close()
+    await _serves(config)
 
 
 async def test_a_ca_that_did_not_sign_the_server_is_a_clear_startup_error(
@@ -227,14 +232,7 @@ async def test_an_acl_user_from_the_url_or_a_password_from_the_environment(
     ):
         if env is not None:
             monkeypatch.setenv("CARRYOVER_REDIS_PASSWORD", env)
-        store = open_store(_config(url))
-        try:
-            await check_store(store)
-            record = make_record(1)
-            assert (await store.commit(KEY, record, now=time.time())).written
-            assert await store.claim(KEY) == record
-        finally:
-            await store.close()
+        await _serves(_config(url))
     denied = open_store(_config(f"redis://carry:wrong@127.0.0.1:{acl_redis.port}/0"))
     try:
         with pytest.raises(StoreUnavailable) as raised:
