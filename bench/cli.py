@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     o.add_argument("--concurrency", type=_ints, default=[1, 64])
     o.add_argument("--requests", type=_ints, default=[1000, 6000], help="turns per concurrency")
-    o.add_argument("--workers", type=_ints, default=[1], help="Redis arms: granian workers")
+    o.add_argument("--workers", type=_ints, default=[1], help="Redis arms: uvicorn workers")
     o.add_argument("--no-redis", action="store_true", help="in-process state only")
     o.add_argument("--prefill-port", type=int, help="fixed port of the simulated P")
     o.add_argument("--decode-port", type=int, help="fixed port of the simulated D")

@@ -74,7 +74,7 @@ class Topology:
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,  # a router's granian workers are its children
+            start_new_session=True,  # a router's uvicorn workers are its children
         )
         process = Process(name, f"http://127.0.0.1:{port}", popen, log)
         self.processes.append(process)

@@ -1,5 +1,5 @@
-"""Entry point for granian workers: the config arrives serialized in the environment, written
-by ``carryover serve`` (``router.cli``), so every worker builds the same app."""
+"""The app factory uvicorn calls in each worker: the config arrives serialized in the
+environment, written by ``carryover serve`` (``router.cli``), so every worker builds the same app."""
 
 from __future__ import annotations
 

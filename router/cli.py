@@ -298,22 +298,31 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
 
 
 def _serve(argv: Sequence[str]) -> None:
-    from granian import Granian
-    from granian.constants import Interfaces, Loops
+    # uvicorn (httptools, uvloop) rather than granian: one thread per worker, no handoff
+    # between a server thread and the event loop; a turn costs ~20% less CPU at concurrency 1
+    # (bench/RESULTS.md, "Router overhead"). With several workers this process only
+    # supervises: each worker is spawned and builds the app itself (router.asgi).
+    import uvicorn
 
     config = load_config(argv)
     os.environ[CONFIG_ENV] = msgspec.json.encode(config).decode()
-    Granian(
+    uvicorn.run(
         "router.asgi:build",
         factory=True,
-        address=config.host,
+        host=config.host,
         port=config.port,
-        interface=Interfaces.ASGI,
         workers=config.workers,
-        loop=Loops.uvloop,
-        log_access=False,
-        log_level=config.log_level,  # type: ignore[arg-type]
-    ).serve()
+        loop="uvloop",
+        http="httptools",
+        ws="none",
+        lifespan="on",
+        log_config=None,  # router.logs configures logging in each worker
+        log_level=config.log_level,
+        access_log=False,
+        proxy_headers=False,  # clients' addresses are not read
+        server_header=False,
+        timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
+    )
 
 
 _USAGE = """usage: carryover serve [ARGS]   (python -m router serve [ARGS])

@@ -22,7 +22,7 @@ __all__ = [
     "TokensConfig",
 ]
 
-#: The environment variable ``carryover serve`` passes the config to its granian workers in
+#: The environment variable ``carryover serve`` passes the config to its uvicorn workers in
 #: (``router/asgi.py``), so the serving process itself never imports the app.
 CONFIG_ENV = "CARRYOVER_SERVE_CONFIG"
 
@@ -251,7 +251,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     Attributes:
         models: served models.
-        host, port, workers: where and how granian serves (``workers > 1`` needs Redis).
+        host, port, workers: where and how uvicorn serves (``workers > 1`` needs Redis).
         redis: Redis URL for shared conversation state; ``None`` keeps it in process.
             ``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://`` or
             ``redis+cluster://`` (``state/redis_url.py``).

@@ -27,7 +27,7 @@ _PATH_HEADER = "X-Carryover-Path"
 
 
 _ids = random.Random()  # seeded from the OS; ids need to be unique, not secret
-os.register_at_fork(after_in_child=_ids.seed)  # granian's workers must not share a sequence
+os.register_at_fork(after_in_child=_ids.seed)  # forked workers must not share a sequence
 
 
 def _new_request_id() -> str:

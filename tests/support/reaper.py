@@ -1,7 +1,7 @@
 """Every process a test run starts dies with the run, however the run ends.
 
 Fixtures stop what they start, but a run killed by SIGTERM, SIGKILL or a CI timeout runs no
-finalizer, and servers started in their own sessions (routers with their granian workers,
+finalizer, and servers started in their own sessions (routers with their uvicorn workers,
 vLLM with its engine-core children) then outlive it. This plugin marks the run: it puts a
 unique ``CARRYOVER_TEST_RUN`` value into the environment, which every descendant inherits,
 and starts a watchdog in a session of its own. When the pytest process is gone (a pidfd

@@ -43,7 +43,7 @@ class RouterProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,  # granian's workers are children: signal the whole group
+            start_new_session=True,  # uvicorn's workers are children: signal the whole group
         )
 
     async def start(self, timeout: float = 180.0, *, ready: bool = True) -> None:

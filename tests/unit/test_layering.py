@@ -27,7 +27,7 @@ def imports_of(folder: str) -> dict[str, set[str]]:
 
 def test_state_imports_no_router_http_or_web_framework() -> None:
     for path, names in imports_of("state").items():
-        assert not names & {"router", "bench", "litestar", "httpx", "aiohttp", "granian"}, path
+        assert not names & {"router", "bench", "litestar", "httpx", "aiohttp", "uvicorn"}, path
 
 
 def test_router_does_not_import_bench() -> None:
@@ -59,20 +59,20 @@ def test_the_router_runs_without_the_bench_extra() -> None:
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)
 
 
-def test_the_serving_process_leaves_the_app_to_its_workers() -> None:
-    # `carryover serve` only supervises granian's workers: importing the app there would keep
-    # a second copy of the router's modules resident for nothing.
+def test_the_supervisor_of_several_workers_leaves_the_app_to_them() -> None:
+    # With --workers N, `carryover serve` only supervises uvicorn's workers: importing the app
+    # there would keep a second copy of the router's modules resident for nothing.
     probe = """
-import sys, granian
-class Server:
-    def __init__(self, *args, **kwargs): pass
-    def serve(self):
-        loaded = {"router.app", "litestar", "tokenizers", "redis"} & set(sys.modules)
-        assert not loaded, loaded
-        print("served")
-granian.Granian = Server
+import sys, uvicorn
+def run(app, **options):
+    assert options["workers"] == 2 and options["factory"], options
+    loaded = {"router.app", "litestar", "tokenizers", "redis"} & set(sys.modules)
+    assert not loaded, loaded
+    print("served")
+uvicorn.run = run
 from router.cli import main
-main(["serve", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10"])
+main(["serve", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10",
+      "--workers", "2", "--redis", "redis://127.0.0.1:9/0"])
 """
     ran = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
