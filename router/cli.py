@@ -6,6 +6,7 @@ This module is the only one that reads argv, the environment and config files.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tomllib
@@ -322,6 +323,7 @@ def _serve(argv: Sequence[str]) -> None:
         proxy_headers=False,  # clients' addresses are not read
         server_header=False,
         timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
+        timeout_keep_alive=math.ceil(config.timeouts.client_keepalive),
     )
 
 

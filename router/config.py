@@ -205,6 +205,10 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         keepalive: how long an idle pooled connection to an engine is kept. Below the
             engines' own idle close (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s), so that a request never goes out
             on a connection the engine is closing at that moment (a reset, not an answer).
+        client_keepalive: how long the router keeps a client's idle connection open. Above
+            clients' own pool expiry (httpx and the openai client: 5 s) and load balancers'
+            idle timeouts (AWS ALB: 60 s) for the same reason, the other way round: the
+            client closes an idle connection, so the router never closes one under a request.
     """
 
     connect: float = 2.0
@@ -213,6 +217,7 @@ class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request: float = 900.0
     health: float = 1.0
     keepalive: float = 4.0
+    client_keepalive: float = 75.0
 
 
 class RedisOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
