@@ -1,0 +1,226 @@
+"""Can LMCache be the warm tier here? A probe on the real tier's vLLM CPU build.
+
+``python -m bench.real.warm_tier [--ttl 40] [--out results/warm-tier]`` (docs/warm-tier.md):
+
+1. an environment beside the real tier's (its packages through a ``.pth`` file, so the tier
+   itself is untouched) with LMCache's wheel installed without its CUDA dependencies;
+2. a standalone ``lmcache server``, and a P/D pair whose engines each compose NIXL (P/D,
+   bidirectional) and LMCache (``LMCacheMPConnector`` against that server) with vLLM's
+   ``MultiConnector``; D also stores chunks that hold generated tokens;
+3. turn 1 through P and D; D's handle is left to expire (``decoder_kv_blocks_ttl``); P's own
+   prefix cache is emptied (as load would); turn 2, the whole history plus a new message, goes
+   to P with no handle;
+4. what each engine computed, hit locally and loaded (vLLM's ``prompt_tokens_by_source``), and
+   turn 2's answer against a cold reference (the same prompt with a ``cache_salt``).
+
+It prints a JSON report; nothing here is used by the router or the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.ports import free_port
+from bench.real.env import ensure_env, env_dir
+from bench.real.launch import SERVED_NAME, _serve_args, ensure_model
+from bench.real.process import offline_env, spawn, stop_group, wait_healthy
+
+__all__ = ["LMCACHE", "ensure_lmcache_env", "probe"]
+
+LMCACHE = "0.5.6"
+# What LMCache's CPU path imports beyond vLLM's environment (its wheel's other pins are CUDA
+# packages and older numpy/protobuf/prometheus-client than vLLM's; nothing here needs them).
+_EXTRA = ("sortedcontainers", "aiofile", "aiofiles", "caio")
+_CHUNK = 256  # LMCache stores whole chunks of this many tokens
+
+
+def ensure_lmcache_env() -> Path:
+    """The python of an environment that sees the real tier's packages plus LMCache."""
+    base = ensure_env()
+    root = env_dir().parent / f"lmcache-{LMCACHE}-on-{env_dir().name}"
+    python = root / "bin" / "python"
+    if (root / ".ready").exists():
+        return python
+    interpreter = subprocess.run(
+        [str(base), "-c", "import sys; print(sys._base_executable)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    subprocess.run([interpreter, "-m", "venv", "--clear", str(root)], check=True)
+    site = "lib/python3.11/site-packages"
+    (root / site / "_vllm_env.pth").write_text(f"{env_dir() / site}\n")
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps"]
+    subprocess.run([*pip, f"lmcache=={LMCACHE}", *_EXTRA], check=True)
+    (root / ".ready").write_text(f"lmcache {LMCACHE} over {env_dir().name}\n")
+    return python
+
+
+def _kv_config(role: str, lmcache_port: int, ttl: float) -> dict[str, Any]:
+    producer = role == "prefill"
+    nixl: dict[str, Any] = {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer" if producer else "kv_consumer",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"bidirectional_kv_xfer": True},
+    }
+    lmcache_extra: dict[str, Any] = {
+        "lmcache.mp.host": "tcp://127.0.0.1",
+        "lmcache.mp.port": lmcache_port,
+        "lmcache.mp.mq_timeout": 60,  # not 300: a request stuck on a lost server fails sooner
+    }
+    if not producer:
+        nixl["kv_connector_extra_config"]["decoder_kv_blocks_ttl"] = ttl
+        lmcache_extra["lmcache.mp.save_decode_cache"] = True  # chunks with the answer, too
+    lmcache = {
+        "kv_connector": "LMCacheMPConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": lmcache_extra,
+    }
+    # NIXL first: MultiConnector gives a request to the first connector with matched tokens,
+    # so a handle's pull wins over LMCache, and LMCache serves turns without one.
+    config: dict[str, Any] = {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": [nixl, lmcache]},
+    }
+    if producer:
+        config["kv_load_failure_policy"] = "fail"
+    return config
+
+
+def _sources(url: str) -> dict[str, float]:
+    """vLLM's ``prompt_tokens_by_source`` counters: local_compute, local_cache_hit,
+    external_kv_transfer."""
+    found: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:prompt_tokens_by_source_total{"):
+            source = re.search(r'source="([a-z_]+)"', line)
+            if source:
+                found[source.group(1)] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after}
+
+
+def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
+    python = ensure_lmcache_env()
+    model = ensure_model()
+    out.mkdir(parents=True, exist_ok=True)
+    lmcache_port = free_port()
+    processes: list[subprocess.Popen[bytes]] = []
+    report: dict[str, Any] = {"lmcache": LMCACHE, "decoder_kv_blocks_ttl": ttl}
+    try:
+        server = [
+            *(str(python), "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1"),
+            *("--port", str(lmcache_port), "--chunk-size", str(_CHUNK), "--l1-size-gb", "1"),
+            # Without these three the server refuses the legacy L1 settings, misses an
+            # OpenTelemetry exporter, or never registers the CPU engines (vLLM's start hangs).
+            *("--eviction-policy", "LRU", "--disable-observability"),
+            *("--supported-transfer-mode", "auto", "--worker-reap-timeout-seconds", "3600"),
+            *("--http-port", str(free_port()), "--prometheus-port", str(free_port())),
+        ]
+        processes.append(spawn(["nice", "-n", "5", *server], out / "lmcache.log", offline_env()))
+        urls: dict[str, str] = {}
+        for role, core in (("prefill", "0"), ("decode", "1")):
+            port = free_port()
+            args = [
+                *("nice", "-n", "10", str(python), "-m", "vllm.entrypoints.openai.api_server"),
+                *_serve_args(model, port),
+                "--enable-prompt-tokens-details",
+                *("--kv-transfer-config", json.dumps(_kv_config(role, lmcache_port, ttl))),
+            ]
+            env = offline_env(
+                VLLM_CPU_KVCACHE_SPACE="1",
+                VLLM_CPU_OMP_THREADS_BIND=core,  # one core each: two spinning engines
+                VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+                VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
+                VLLM_SERVER_DEV_MODE="1",  # POST /reset_prefix_cache
+            )
+            processes.append(spawn(args, out / f"{role}.log", env))
+            urls[role] = f"http://127.0.0.1:{port}"
+        started = time.monotonic()
+        for (role, url), popen in zip(urls.items(), processes[1:], strict=True):
+            wait_healthy(popen, url, out / f"{role}.log", deadline=started + 900, what=role)
+        report["start_s"] = round(time.monotonic() - started, 1)
+        report.update(_turns(urls["prefill"], urls["decode"], ttl))
+    finally:
+        stop_group(*processes, timeout=30)
+    (out / "warm-tier.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return report
+
+
+def _turns(p: str, d: str, ttl: float) -> dict[str, Any]:
+    client = httpx.Client(timeout=600)
+
+    def complete(url: str, prompt: list[int], tokens: int, **extra: Any) -> dict[str, Any]:
+        body = {
+            "model": SERVED_NAME,
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "logprobs": 1,
+            "return_token_ids": True,
+            **extra,
+        }
+        answer = client.post(f"{url}/v1/completions", json=body)
+        answer.raise_for_status()
+        found: dict[str, Any] = answer.json()
+        return found
+
+    first = list(range(1000, 2200))  # 1,200 prompt tokens, 100 answered: 1,300 in all
+    before = {"p": _sources(p), "d": _sources(d)}
+    p1 = complete(p, first, 1, kv_transfer_params={"do_remote_decode": True})
+    d1 = complete(d, first, 100, kv_transfer_params=p1["kv_transfer_params"])
+    turn1 = {"p": _delta(_sources(p), before["p"]), "d": _delta(_sources(d), before["d"])}
+    second = first + d1["choices"][0]["token_ids"] + list(range(3000, 3300))
+    # The handle is never sent: D's TTL passes, as it does while a person reads the answer.
+    time.sleep(ttl + 15)
+    client.post(f"{p}/reset_prefix_cache").raise_for_status()
+    before = {"p": _sources(p), "d": _sources(d)}
+    p2 = complete(p, second, 1, kv_transfer_params={"do_remote_decode": True})
+    warm = complete(d, second, 8, kv_transfer_params=p2["kv_transfer_params"])["choices"][0]
+    turn2 = {"p": _delta(_sources(p), before["p"]), "d": _delta(_sources(d), before["d"])}
+    before_ref = _sources(d)
+    cold = complete(d, second, 8, cache_salt="cold reference")["choices"][0]
+    reference = _delta(_sources(d), before_ref)
+    return {
+        "turn1": {"prompt_tokens": len(first), "sources": turn1},
+        "turn2": {
+            "prompt_tokens": len(second),
+            "sources": turn2,
+            "p_cached_tokens": p2["usage"]["prompt_tokens_details"]["cached_tokens"],
+        },
+        "reference_sources_on_d": reference,
+        "answers_equal": warm["token_ids"] == cold["token_ids"],
+        "max_logprob_difference": max(
+            abs(a - b)
+            for a, b in zip(
+                warm["logprobs"]["token_logprobs"], cold["logprobs"]["token_logprobs"], strict=True
+            )
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ttl", type=float, default=40.0, help="D's decoder_kv_blocks_ttl")
+    parser.add_argument("--out", type=Path, default=Path("results/warm-tier"))
+    args = parser.parse_args()
+    probe(args.out, ttl=args.ttl)
+
+
+if __name__ == "__main__":
+    main()
