@@ -83,16 +83,25 @@ class ArmResult:
 _SOURCES = "vllm:prompt_tokens_by_source_total"
 
 
+def engine_prompt_sources(url: str) -> dict[str, float]:
+    """One engine's prompt tokens by source: local_compute, local_cache_hit,
+    external_kv_transfer."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == _SOURCES:
+                source = sample.labels["source"]
+                found[source] = found.get(source, 0.0) + sample.value
+    return found
+
+
 def prompt_sources(engines: Sequence[tuple[str, Process]]) -> dict[str, float]:
     """Sum each engine's prompt tokens by source, keyed ``role/source``."""
     totals: dict[str, float] = {}
     for role, engine in engines:
-        text = httpx.get(f"{engine.url}/metrics", timeout=30).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == _SOURCES:
-                    key = f"{role}/{sample.labels['source']}"
-                    totals[key] = totals.get(key, 0.0) + sample.value
+        for source, value in engine_prompt_sources(engine.url).items():
+            key = f"{role}/{source}"
+            totals[key] = totals.get(key, 0.0) + value
     return totals
 
 

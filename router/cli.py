@@ -300,7 +300,7 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
 
 def _serve(argv: Sequence[str]) -> None:
     # uvicorn (httptools, uvloop) rather than granian: one thread per worker, no handoff
-    # between a server thread and the event loop; a turn costs ~20% less CPU at concurrency 1
+    # between a server thread and the event loop; a turn costs 15-40% less CPU at concurrency 1
     # (bench/RESULTS.md, "Router overhead"). With several workers this process only
     # supervises: each worker is spawned and builds the app itself (router.asgi).
     import uvicorn
@@ -322,7 +322,7 @@ def _serve(argv: Sequence[str]) -> None:
         access_log=False,
         proxy_headers=False,  # clients' addresses are not read
         server_header=False,
-        timeout_graceful_shutdown=int(config.shutdown_grace) + 1,
+        timeout_graceful_shutdown=math.ceil(config.shutdown_grace),
         timeout_keep_alive=math.ceil(config.timeouts.client_keepalive),
     )
 

@@ -194,7 +194,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Timeouts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Upstream deadlines.
+    """Deadlines of the router's connections: to the engines, and idle ones from clients.
 
     Attributes:
         connect: TCP connect to an instance.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from bench.multiturn import engine_prompt_sources
 from bench.ports import free_port
 from bench.real.env import ensure_env, env_dir
 from bench.real.launch import SERVED_NAME, _serve_args, ensure_model
@@ -49,19 +49,20 @@ def ensure_lmcache_env() -> Path:
     python = root / "bin" / "python"
     if (root / ".ready").exists():
         return python
-    interpreter = subprocess.run(
-        [str(base), "-c", "import sys; print(sys._base_executable)"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    interpreter = _ask(base, "import sys; print(sys._base_executable)")
     subprocess.run([interpreter, "-m", "venv", "--clear", str(root)], check=True)
-    site = "lib/python3.11/site-packages"
-    (root / site / "_vllm_env.pth").write_text(f"{env_dir() / site}\n")
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    (Path(_ask(python, purelib)) / "_vllm_env.pth").write_text(_ask(base, purelib) + "\n")
     pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps"]
     subprocess.run([*pip, f"lmcache=={LMCACHE}", *_EXTRA], check=True)
     (root / ".ready").write_text(f"lmcache {LMCACHE} over {env_dir().name}\n")
     return python
+
+
+def _ask(python: Path, code: str) -> str:
+    """What ``code`` prints in that environment."""
+    ran = subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True)
+    return ran.stdout.strip()
 
 
 def _kv_config(role: str, lmcache_port: int, ttl: float) -> dict[str, Any]:
@@ -95,18 +96,6 @@ def _kv_config(role: str, lmcache_port: int, ttl: float) -> dict[str, Any]:
     if producer:
         config["kv_load_failure_policy"] = "fail"
     return config
-
-
-def _sources(url: str) -> dict[str, float]:
-    """vLLM's ``prompt_tokens_by_source`` counters: local_compute, local_cache_hit,
-    external_kv_transfer."""
-    found: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        if line.startswith("vllm:prompt_tokens_by_source_total{"):
-            source = re.search(r'source="([a-z_]+)"', line)
-            if source:
-                found[source.group(1)] = float(line.rsplit(" ", 1)[1])
-    return found
 
 
 def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -181,21 +170,27 @@ def _turns(p: str, d: str, ttl: float) -> dict[str, Any]:
         return found
 
     first = list(range(1000, 2200))  # 1,200 prompt tokens, 100 answered: 1,300 in all
-    before = {"p": _sources(p), "d": _sources(d)}
+    before = {"p": engine_prompt_sources(p), "d": engine_prompt_sources(d)}
     p1 = complete(p, first, 1, kv_transfer_params={"do_remote_decode": True})
     d1 = complete(d, first, 100, kv_transfer_params=p1["kv_transfer_params"])
-    turn1 = {"p": _delta(_sources(p), before["p"]), "d": _delta(_sources(d), before["d"])}
+    turn1 = {
+        "p": _delta(engine_prompt_sources(p), before["p"]),
+        "d": _delta(engine_prompt_sources(d), before["d"]),
+    }
     second = first + d1["choices"][0]["token_ids"] + list(range(3000, 3300))
     # The handle is never sent: D's TTL passes, as it does while a person reads the answer.
     time.sleep(ttl + 15)
     client.post(f"{p}/reset_prefix_cache").raise_for_status()
-    before = {"p": _sources(p), "d": _sources(d)}
+    before = {"p": engine_prompt_sources(p), "d": engine_prompt_sources(d)}
     p2 = complete(p, second, 1, kv_transfer_params={"do_remote_decode": True})
     warm = complete(d, second, 8, kv_transfer_params=p2["kv_transfer_params"])["choices"][0]
-    turn2 = {"p": _delta(_sources(p), before["p"]), "d": _delta(_sources(d), before["d"])}
-    before_ref = _sources(d)
+    turn2 = {
+        "p": _delta(engine_prompt_sources(p), before["p"]),
+        "d": _delta(engine_prompt_sources(d), before["d"]),
+    }
+    before_ref = engine_prompt_sources(d)
     cold = complete(d, second, 8, cache_salt="cold reference")["choices"][0]
-    reference = _delta(_sources(d), before_ref)
+    reference = _delta(engine_prompt_sources(d), before_ref)
     return {
         "turn1": {"prompt_tokens": len(first), "sources": turn1},
         "turn2": {

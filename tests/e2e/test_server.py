@@ -12,13 +12,26 @@ _HEALTH = b"GET /health HTTP/1.1\r\nhost: router\r\n\r\n"
 
 
 def _exchange(sock: socket.socket) -> bytes:
+    """One GET /health on ``sock``; the whole answer, read by its Content-Length."""
     sock.sendall(_HEALTH)
     answer = b""
-    while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
-        chunk = sock.recv(65536)
-        assert chunk, f"the router closed the connection: {answer!r}"
-        answer += chunk
-    return answer
+    while b"\r\n\r\n" not in answer:
+        answer += _received(sock, answer)
+    head, body = answer.split(b"\r\n\r\n", 1)
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += _received(sock, answer + body)
+    return head
+
+
+def _received(sock: socket.socket, so_far: bytes) -> bytes:
+    chunk = sock.recv(65536)
+    assert chunk, f"the router closed the connection: {so_far!r}"
+    return chunk
 
 
 async def test_an_idle_client_connection_outlives_the_clients_own_pool_expiry(
