@@ -47,6 +47,9 @@ class Skipped(StrEnum):
     UNKNOWN_PARENT = "unknown_parent"
     #: ``token_ids`` do not fill ``block_hashes`` blocks of ``block_size``.
     MALFORMED = "malformed"
+    #: An offload tier's blocks of another size than the engine's own (LMCache's 256-token
+    #: chunks): they are not a new configuration of the engine.
+    OTHER_BLOCK_SIZE = "other_block_size"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +102,13 @@ class InstanceBlocks:
         size = event.block_size
         if size <= 0 or len(event.token_ids) != count * size:
             return self._skip(Skipped.MALFORMED, count)
-        if self.block_size != size:  # a new configuration (a restart): old blocks are moot
+        tier = Tier.of(event.medium)
+        if self.block_size != size:
+            if tier is not Tier.DEVICE and self.block_size is not None:
+                return self._skip(Skipped.OTHER_BLOCK_SIZE, count)
+            # The engine's own blocks changed size: a new configuration (a restart).
             self.clear()
             self.block_size = size
-        tier = Tier.of(event.medium)
         if event.parent_block_hash is None:
             parent = ROOT
         else:

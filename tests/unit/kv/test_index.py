@@ -109,6 +109,18 @@ def test_a_new_block_size_drops_what_was_known_and_overflow_clears() -> None:
     assert blocks.block_size == 8 and len(blocks) == 1
 
 
+def test_offloaded_chunks_of_another_size_leave_the_engines_own_blocks_alone() -> None:
+    # LMCache's MP connector reports its 256-token chunks (medium CPU) in the same stream as
+    # the engine's own 16- or 128-token blocks; they are not a new configuration.
+    blocks = InstanceBlocks()
+    blocks.apply(stored(PROMPT, 0, 2))
+    chunk = BlockStored([b"c0"], None, PROMPT[:8], 8, None, "CPU", None)
+    blocks.apply(chunk)
+    assert blocks.block_size == SIZE and len(blocks) == 2
+    assert blocks.skipped == {Skipped.OTHER_BLOCK_SIZE: 1}
+    assert blocks.cached(Prompt(PROMPT).keys(SIZE)) == Cached(8, 8)
+
+
 def test_a_batch_round_trips_in_vllms_wire_shape_and_unknown_events_are_skipped() -> None:
     import msgspec
 
