@@ -24,8 +24,9 @@ redis-server: ## make sure a redis-server binary exists (tests start their own s
 	    echo "redis-server is missing: install it (Debian/Ubuntu: sudo apt-get install redis-server)"; exit 1; \
 	  fi; }
 
-vllm-env: bootstrap ## build (once) the vLLM CPU environment and tiny model of the real tier
+vllm-env: bootstrap ## build (once) the vLLM CPU environment, LMCache over it, and the tiny model
 	@$(UV) run python -c "from bench.real.launch import ensure_model; print(ensure_model())"
+	@$(UV) run python -c "from bench.real.lmcache import ensure_lmcache_env; print(ensure_lmcache_env())"
 
 demo: bootstrap ## simulated P/D engines + router + in-process state: a turn-by-turn TTFT report
 	@$(UV) run carryover demo

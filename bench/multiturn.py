@@ -30,6 +30,10 @@ ARMS: dict[str, list[str] | None] = {
     "carryover-decode-local": ["--decode-local-max-tokens", "512"],
     # The index with another price of load in tokens (router/policy.py); 0: any holding wins.
     "carryover-tokens-per-load": ["--affinity-tokens-per-load", "0"],
+    # Every P also reaches a simulated warm tier (LMCache's server, docs/warm-tier.md): a turn
+    # without a handle loads what the tier holds of its history.
+    "carryover-warm": [],
+    "carryover-warm-no-index": [],
     # Tokens-only engines: a render server renders and derenders (docs/tokens-pipeline.md).
     "carryover-tokens": ["--engine-api", "tokens", "--reasoning-parser", "qwen3"],
     "colocated": None,
@@ -38,8 +42,17 @@ ARMS: dict[str, list[str] | None] = {
 TOKENS = frozenset({"carryover-tokens"})
 #: Arms whose engines publish KV events that the router indexes (docs/kv-events.md).
 INDEXED = frozenset(
-    {"carryover", "carryover-unchecked", "carryover-decode-local", "carryover-tokens-per-load"}
+    {
+        "carryover",
+        "carryover-unchecked",
+        "carryover-decode-local",
+        "carryover-tokens-per-load",
+        "carryover-warm",
+    }
 )
+#: Arms whose P engines share a simulated warm tier of this many tokens a chunk.
+WARM = frozenset({"carryover-warm", "carryover-warm-no-index"})
+WARM_CHUNK = 256
 BASELINE = "carryover-no-reuse"
 #: Arms that take their one setting after a colon (``carryover-decode-local:256``).
 _SETTING: dict[str, tuple[str, type]] = {
@@ -130,9 +143,18 @@ def _run_sim_arm(
                 render = topo.sim_render("render", model=model, reasoning_parser="qwen3")
                 flags = [*flags, "--render", render.url]
                 sim_flags = [*sim_flags, "--tokens-only"]
+            p_flags = list(sim_flags)
+            if arm.partition(":")[0] in WARM:
+                tier = topo.sim_warm_tier("warm-tier", chunk_tokens=WARM_CHUNK)
+                p_flags += ["--sim-warm-tier", tier.url]
+                flags = [
+                    *flags,
+                    *("--warm-tier", "lmcache", "--warm-tier-health", f"{tier.url}/healthcheck"),
+                    *("--warm-tier-chunk-tokens", str(WARM_CHUNK)),
+                ]
             ps = [
                 topo.sim(
-                    f"prefill-{i}", "kv_producer", speed=speed, extra=sim_flags, kv_events=events
+                    f"prefill-{i}", "kv_producer", speed=speed, extra=p_flags, kv_events=events
                 )
                 for i in range(prefills)
             ]

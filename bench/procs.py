@@ -133,6 +133,11 @@ class Topology:
             args += ["--reasoning-parser", reasoning_parser]
         return self._spawn(name, args)
 
+    def sim_warm_tier(self, name: str, *, chunk_tokens: int = 256) -> Process:
+        """A simulated warm KV tier (LMCache's server) for engines given ``--sim-warm-tier``."""
+        args = ["sim-warm-tier", "--port", str(free_port()), "--chunk-tokens", str(chunk_tokens)]
+        return self._spawn(name, args)
+
     def router(
         self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str
     ) -> Process:

@@ -1,7 +1,7 @@
 """``carryover COMMAND``: hands each command to the package that owns it.
 
-``serve`` is the router's (``router.cli``); ``sim``, ``sim-render``, ``bench`` and ``demo`` are the
-benchmark's (``bench``). The router never imports the benchmark, so ``carryover serve`` runs
+``serve`` is the router's (``router.cli``); ``sim``, ``sim-render``, ``sim-warm-tier``, ``bench``
+and ``demo`` are the benchmark's (``bench``). The router never imports the benchmark, so ``carryover serve`` runs
 without the ``bench`` extra (plotting) installed.
 """
 
@@ -18,6 +18,7 @@ commands:
   serve   run the router in front of vLLM prefill/decode instances
   sim     run a simulated vLLM instance (same flags as vllm serve, plus --sim-*)
   sim-render  run a simulated vLLM render server (for --tokens-only simulated engines)
+  sim-warm-tier  run a simulated warm KV tier (LMCache's server) for simulated engines
   bench   multi-turn benchmark (turn-N vs turn-1 TTFT) and router overhead
   demo    simulated engines + router + in-process state: a turn-by-turn TTFT report
 """
@@ -41,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from bench.sim.cli import main as sim_main
 
         sim_main(rest, render=True)
+    elif command == "sim-warm-tier":
+        from bench.sim.cli import main as sim_main
+
+        sim_main(rest, warm_tier=True)
     elif command == "bench":
         from bench.cli import main as bench_main
 

@@ -132,6 +132,9 @@ def create_app(
         )
         app.state.services = services
         kv.start()
+        kv.watch_warm_tiers(
+            upstream, interval=config.health_interval, timeout=config.timeouts.health
+        )
         pool.on_restart.append(lambda instance: kv.instance_restarted(instance.name))
         await pool.start()
         discovery = asyncio.create_task(_discover_names(services))

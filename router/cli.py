@@ -44,6 +44,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         metavar="INSTANCE=ENDPOINT",
         help="an instance's KV-event replay endpoint (repeat)",
     )
+    p.add_argument(
+        "--warm-tier",
+        metavar="NAME",
+        help="the engines share a warm KV tier (LMCache) whose blocks their KV events report",
+    )
+    p.add_argument("--warm-tier-health", metavar="URL", help="the warm tier's health URL")
+    p.add_argument("--warm-tier-chunk-tokens", type=int, help="its chunk size (default 256)")
     p.add_argument("--model", help="served model name (default: asked from the engines)")
     p.add_argument(
         "--render-backend",
@@ -284,6 +291,15 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             model["partial_reuse"] = False
         if args.no_reuse:
             model["reuse"] = False
+        warm_settings = {
+            "name": pick(args.warm_tier, "WARM_TIER"),
+            "health": pick(args.warm_tier_health, "WARM_TIER_HEALTH"),
+            "chunk_tokens": pick(args.warm_tier_chunk_tokens, "WARM_TIER_CHUNK_TOKENS", int),
+        }
+        if any(v is not None for v in warm_settings.values()):
+            warm = dict(model.get("warm_tier") or {})
+            warm.update({k: v for k, v in warm_settings.items() if v is not None})
+            model["warm_tier"] = warm
     for field_name, flag, env_name in (
         ("kv_events", args.kv_events, "KV_EVENTS"),
         ("kv_events_replay", args.kv_events_replay, "KV_EVENTS_REPLAY"),

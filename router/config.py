@@ -20,6 +20,7 @@ __all__ = [
     "RouterConfig",
     "Timeouts",
     "TokensConfig",
+    "WarmTierConfig",
 ]
 
 #: The environment variable ``carryover serve`` passes the config to its uvicorn workers in
@@ -125,6 +126,42 @@ class TokensConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("tokens.stream_tokens must be 1 or more, stream_interval 0 or more")
 
 
+class WarmTierConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A KV cache the model's engines share beyond D's pins: LMCache's server, reached by
+    every engine through vLLM's ``MultiConnector`` (docs/warm-tier.md). Engines consult it by
+    themselves; the router learns what it holds from the engines' KV events, to route and
+    label turns (path ``warm``), never to decide what KV a turn may use.
+
+    Attributes:
+        name: its name in metrics.
+        medium: the ``medium`` its blocks carry in the engines' KV events (LMCache's MP
+            connector: ``CPU``). Those blocks are indexed once for the tier, not per engine.
+        health: a URL answering 200 while it serves (LMCache's ``/healthcheck`` on its
+            ``--http-port``); while it does not, turns are routed as though it held nothing.
+            ``None``: assumed up.
+        chunk_tokens: the tier stores whole chunks of this many tokens (LMCache's
+            ``--chunk-size``, 256 by default).
+        learn_from_prefills: also count as stored the whole chunks of every prompt a P leg
+            without a handle computed while the tier was up. vLLM 0.32's ``MultiConnector``
+            forwards no KV events of the connectors it composes, so this is how the router
+            learns the tier's contents there (docs/warm-tier.md).
+    """
+
+    name: str = "lmcache"
+    medium: str = "CPU"
+    health: str | None = None
+    chunk_tokens: int = 256
+    learn_from_prefills: bool = True
+
+    def __post_init__(self) -> None:
+        if self.health is not None and not self.health.startswith(("http://", "https://")):
+            raise ConfigError(f"warm_tier.health is an http(s) URL, not {self.health!r}")
+        if self.medium in ("GPU", ""):
+            raise ConfigError("warm_tier.medium names an offload medium (LMCache's: 'CPU')")
+        if self.chunk_tokens <= 0:
+            raise ConfigError("warm_tier.chunk_tokens must be positive")
+
+
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One served model and its P/D instances.
 
@@ -149,6 +186,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             ``tokens`` (engines started with ``--tokens-only`` serve
             ``/inference/v1/generate``; the render server at ``render.url`` renders and
             derenders; settings in ``tokens``).
+        warm_tier: a KV cache every engine of the model reaches (``None``: none).
     """
 
     prefill: list[InstanceConfig]
@@ -165,6 +203,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     decode_local_max_tokens: int = 0
     engine_api: Literal["openai", "tokens"] = "openai"
     tokens: TokensConfig = TokensConfig()
+    warm_tier: WarmTierConfig | None = None
 
     @property
     def tokens_only(self) -> bool:

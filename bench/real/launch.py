@@ -20,6 +20,7 @@ import httpx
 
 from bench.ports import free_port
 from bench.real.env import ensure_env, env_dir
+from bench.real.lmcache import LmcacheServer, ensure_lmcache_env, multi_connector
 from bench.real.process import (
     StartTimedOut,
     offline_env,
@@ -123,6 +124,8 @@ class VllmPair:
     kv_events: bool = False  # both engines publish KV events (and keep them for replay)
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE: POST /reset_prefix_cache and the like
     tokens_only: bool = False  # --tokens-only: /inference/v1/generate, no tokenizer
+    # A warm tier: both engines also reach this LMCache server (vLLM's MultiConnector).
+    lmcache: LmcacheServer | None = None
     prefill: VllmInstance | None = None
     decode: VllmInstance | None = None
 
@@ -139,8 +142,12 @@ class VllmPair:
         }
         if producer:
             config["kv_load_failure_policy"] = "fail"  # "recompute" hangs on a bad handle
+        python = None
+        if self.lmcache is not None:
+            config = multi_connector(config, self.lmcache)
+            python = ensure_lmcache_env()
         args = [
-            *vllm_module(_API_SERVER),
+            *vllm_module(_API_SERVER, python=python),
             *_serve_args(model, instance.port),
             # usage.prompt_tokens_details.cached_tokens in answers: what P did not compute.
             "--enable-prompt-tokens-details",
@@ -195,6 +202,9 @@ class VllmPair:
             )
         self.prefill.log = self.log_dir / f"prefill-{stamp}.log"
         self.decode.log = self.log_dir / f"decode-{stamp}.log"
+        if self.lmcache is not None and self.lmcache.popen is None:
+            self.lmcache.log = self.log_dir / f"lmcache-{stamp}.log"
+            self.lmcache.start()
         for instance in (self.prefill, self.decode):
             args, env = self._command(instance, model)
             instance.popen = spawn(args, instance.log, env)
@@ -253,7 +263,10 @@ class VllmPair:
             p1 = post(p, prompt, 1, {"do_remote_decode": True})
             d1 = post(d, prompt, 8, p1["kv_transfer_params"])  # D pulls from P
             prompt2 = prompt + d1["choices"][0]["token_ids"] + list(range(2000, 2100))
-            p2 = post(p, prompt2, 1, d1["kv_transfer_params"])  # P pulls from D
+            # With a warm tier, P's engine dies on a failed pull (docs/warm-tier.md): P never
+            # pulls from D in this pair, and the warm-up does not either.
+            back = None if self.lmcache is not None else d1["kv_transfer_params"]
+            p2 = post(p, prompt2, 1, back or {"do_remote_decode": True})  # P pulls from D
             post(d, prompt2, 4, p2["kv_transfer_params"])
             # Sampling with logprobs has a slow first use of its own on each instance.
             for url in (p, d):
@@ -286,6 +299,8 @@ class VllmPair:
         stop_group(*(i.popen for i in running if i.popen is not None))
         for instance in running:
             instance.popen = None
+        if self.lmcache is not None:
+            self.lmcache.stop()
 
     def restart(self, timeout: float = 420.0) -> None:
         self.stop()

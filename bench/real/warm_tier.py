@@ -29,43 +29,14 @@ import httpx
 
 from bench.multiturn import engine_prompt_sources
 from bench.ports import free_port
-from bench.real.env import ensure_env, env_dir
 from bench.real.launch import SERVED_NAME, _serve_args, ensure_model
+from bench.real.lmcache import LMCACHE, LmcacheServer, ensure_lmcache_env, multi_connector
 from bench.real.process import offline_env, spawn, stop_group, wait_healthy
 
-__all__ = ["LMCACHE", "ensure_lmcache_env", "probe"]
-
-LMCACHE = "0.5.6"
-# What LMCache's CPU path imports beyond vLLM's environment (its wheel's other pins are CUDA
-# packages and older numpy/protobuf/prometheus-client than vLLM's; nothing here needs them).
-_EXTRA = ("sortedcontainers", "aiofile", "aiofiles", "caio")
-_CHUNK = 256  # LMCache stores whole chunks of this many tokens
+__all__ = ["probe"]
 
 
-def ensure_lmcache_env() -> Path:
-    """The python of an environment that sees the real tier's packages plus LMCache."""
-    base = ensure_env()
-    root = env_dir().parent / f"lmcache-{LMCACHE}-on-{env_dir().name}"
-    python = root / "bin" / "python"
-    if (root / ".ready").exists():
-        return python
-    interpreter = _ask(base, "import sys; print(sys._base_executable)")
-    subprocess.run([interpreter, "-m", "venv", "--clear", str(root)], check=True)
-    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    (Path(_ask(python, purelib)) / "_vllm_env.pth").write_text(_ask(base, purelib) + "\n")
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps"]
-    subprocess.run([*pip, f"lmcache=={LMCACHE}", *_EXTRA], check=True)
-    (root / ".ready").write_text(f"lmcache {LMCACHE} over {env_dir().name}\n")
-    return python
-
-
-def _ask(python: Path, code: str) -> str:
-    """What ``code`` prints in that environment."""
-    ran = subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True)
-    return ran.stdout.strip()
-
-
-def _kv_config(role: str, lmcache_port: int, ttl: float) -> dict[str, Any]:
+def _kv_config(role: str, server: LmcacheServer, ttl: float) -> dict[str, Any]:
     producer = role == "prefill"
     nixl: dict[str, Any] = {
         "kv_connector": "NixlConnector",
@@ -73,29 +44,12 @@ def _kv_config(role: str, lmcache_port: int, ttl: float) -> dict[str, Any]:
         "kv_buffer_device": "cpu",
         "kv_connector_extra_config": {"bidirectional_kv_xfer": True},
     }
-    lmcache_extra: dict[str, Any] = {
-        "lmcache.mp.host": "tcp://127.0.0.1",
-        "lmcache.mp.port": lmcache_port,
-        "lmcache.mp.mq_timeout": 60,  # not 300: a request stuck on a lost server fails sooner
-    }
-    if not producer:
-        nixl["kv_connector_extra_config"]["decoder_kv_blocks_ttl"] = ttl
-        lmcache_extra["lmcache.mp.save_decode_cache"] = True  # chunks with the answer, too
-    lmcache = {
-        "kv_connector": "LMCacheMPConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": lmcache_extra,
-    }
-    # NIXL first: MultiConnector gives a request to the first connector with matched tokens,
-    # so a handle's pull wins over LMCache, and LMCache serves turns without one.
-    config: dict[str, Any] = {
-        "kv_connector": "MultiConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"connectors": [nixl, lmcache]},
-    }
     if producer:
-        config["kv_load_failure_policy"] = "fail"
-    return config
+        nixl["kv_load_failure_policy"] = "fail"
+        return multi_connector(nixl, server)
+    nixl["kv_connector_extra_config"]["decoder_kv_blocks_ttl"] = ttl
+    # Chunks that hold the answer, too (it stored none: docs/warm-tier.md).
+    return multi_connector(nixl, server, **{"lmcache.mp.save_decode_cache": True})
 
 
 def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -106,20 +60,11 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
     python = ensure_lmcache_env()
     model = ensure_model()
     out.mkdir(parents=True, exist_ok=True)
-    lmcache_port = free_port()
+    server = LmcacheServer(out / "lmcache.log")
     processes: list[subprocess.Popen[bytes]] = []
     report: dict[str, Any] = {"lmcache": LMCACHE, "decoder_kv_blocks_ttl": ttl}
     try:
-        server = [
-            *(str(python), "-m", "lmcache.cli.main", "server", "--host", "127.0.0.1"),
-            *("--port", str(lmcache_port), "--chunk-size", str(_CHUNK), "--l1-size-gb", "1"),
-            # Without these three the server refuses the legacy L1 settings, misses an
-            # OpenTelemetry exporter, or never registers the CPU engines (vLLM's start hangs).
-            *("--eviction-policy", "LRU", "--disable-observability"),
-            *("--supported-transfer-mode", "auto", "--worker-reap-timeout-seconds", "3600"),
-            *("--http-port", str(free_port()), "--prometheus-port", str(free_port())),
-        ]
-        processes.append(spawn(["nice", "-n", "5", *server], out / "lmcache.log", offline_env()))
+        server.start()
         urls: dict[str, str] = {}
         for role, core in (("prefill", "0"), ("decode", "1")):
             port = free_port()
@@ -127,7 +72,7 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
                 *("nice", "-n", "10", str(python), "-m", "vllm.entrypoints.openai.api_server"),
                 *_serve_args(model, port),
                 "--enable-prompt-tokens-details",
-                *("--kv-transfer-config", json.dumps(_kv_config(role, lmcache_port, ttl))),
+                *("--kv-transfer-config", json.dumps(_kv_config(role, server, ttl))),
             ]
             env = offline_env(
                 VLLM_CPU_KVCACHE_SPACE="1",
@@ -139,12 +84,13 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
             processes.append(spawn(args, out / f"{role}.log", env))
             urls[role] = f"http://127.0.0.1:{port}"
         started = time.monotonic()
-        for (role, url), popen in zip(urls.items(), processes[1:], strict=True):
+        for (role, url), popen in zip(urls.items(), processes, strict=True):
             wait_healthy(popen, url, out / f"{role}.log", deadline=started + 900, what=role)
         report["start_s"] = round(time.monotonic() - started, 1)
         report.update(_turns(urls["prefill"], urls["decode"], ttl))
     finally:
         stop_group(*processes, timeout=30)
+        server.stop()
     (out / "warm-tier.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return report

@@ -1,6 +1,8 @@
 """``carryover sim MODEL --port N …``: one simulated vLLM instance in its own process;
 ``carryover sim-render MODEL --port N [--reasoning-parser qwen3]``: a simulated render server
-(``vllm launch render``) for ``--tokens-only`` simulated engines."""
+(``vllm launch render``) for ``--tokens-only`` simulated engines;
+``carryover sim-warm-tier --port N [--chunk-tokens 256]``: a simulated warm KV tier (LMCache's
+server) that simulated engines share with ``--sim-warm-tier URL``."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 from bench.sim.config import parse_sim_args
 from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
+from bench.sim.warm_tier import SimWarmTier
 
 
 async def _serve(argv: Sequence[str]) -> None:
@@ -53,6 +56,19 @@ async def _serve_render(argv: Sequence[str]) -> None:
     await server.stop()
 
 
+async def _serve_warm_tier(argv: Sequence[str]) -> None:
+    p = argparse.ArgumentParser(prog="carryover sim-warm-tier", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8020)
+    p.add_argument("--chunk-tokens", type=int, default=256)
+    args = p.parse_args(list(argv))
+    tier = SimWarmTier(chunk_tokens=args.chunk_tokens, host=args.host, port=args.port)
+    await tier.start()
+    print(f"carryover sim-warm-tier: {args.chunk_tokens}-token chunks on {tier.url}", flush=True)
+    await _until_stopped()
+    await tier.stop()
+
+
 async def _until_stopped() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -61,7 +77,9 @@ async def _until_stopped() -> None:
     await stop.wait()
 
 
-def main(argv: Sequence[str] | None = None, *, render: bool = False) -> None:
+def main(
+    argv: Sequence[str] | None = None, *, render: bool = False, warm_tier: bool = False
+) -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -71,5 +89,5 @@ def main(argv: Sequence[str] | None = None, *, render: bool = False) -> None:
         uvloop.install()
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio also works
         pass
-    serve = _serve_render if render else _serve
+    serve = _serve_render if render else _serve_warm_tier if warm_tier else _serve
     asyncio.run(serve(sys.argv[1:] if argv is None else argv))

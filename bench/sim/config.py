@@ -66,6 +66,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     hang: bool = False
     slow: float = 0.0
     seed: int = 0
+    warm_tier: str | None = None  # URL of a shared simulated warm tier (bench/sim/warm_tier.py)
 
     @property
     def bidirectional(self) -> bool:
@@ -122,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-hang", action="store_true")
     p.add_argument("--sim-slow", type=float, default=0.0, help="seconds added to every request")
     p.add_argument("--sim-seed", type=int, default=0)
+    p.add_argument("--sim-warm-tier", metavar="URL", help="a carryover sim-warm-tier to share")
     return p
 
 
@@ -159,4 +161,5 @@ def parse_sim_args(argv: Sequence[str], environ: dict[str, str] | None = None) -
         hang=args.sim_hang,
         slow=args.sim_slow,
         seed=args.sim_seed,
+        warm_tier=args.sim_warm_tier,
     )

@@ -21,6 +21,7 @@ from bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
 from bench.sim.kv_events import KvEventPublisher
 from bench.sim.metrics import EngineMetrics
 from bench.sim.sidechannel import SideChannelError, read_remote, serve_side_channel
+from bench.sim.warm_tier import RemoteWarmTier, WarmTierClient
 from router.render.chat_template import ChatTemplate
 
 __all__ = ["EngineError", "Finished", "GenerationRequest", "SimEngine", "Token"]
@@ -100,6 +101,12 @@ class SimEngine:
         self.engine_id = config.new_engine_id()
         self.pool = self._new_pool()
         self.kv_events: KvEventPublisher | None = None
+        #: A warm tier shared with other engines (LMCache's server, simulated): the one at
+        #: ``--sim-warm-tier URL``, or set by whoever builds the fleet; ``None``: none.
+        self.warm_tier: WarmTierClient | None = (
+            RemoteWarmTier(config.warm_tier) if config.warm_tier else None
+        )
+        self._warm_saves: set[asyncio.Task[None]] = set()
         self._holds: dict[str, _Hold] = {}
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -165,6 +172,10 @@ class SimEngine:
         if self.kv_events is not None:
             await self.kv_events.stop()
             self.kv_events = None
+        for save in list(self._warm_saves):
+            save.cancel()
+        if isinstance(self.warm_tier, RemoteWarmTier):
+            await self.warm_tier.close()
 
     def restart(self) -> None:
         """Come back as a new engine: new id, empty pool, nothing held (as a process restart)."""
@@ -252,13 +263,31 @@ class SimEngine:
 
     async def _load(self, seq: _Sequence) -> None:
         self._cache_lookup(seq)
-        kv = seq.request.kv_params
-        if kv is None:
-            return
+        kv = seq.request.kv_params or {}
         if seq.role == "prefill" and kv.get("remote_block_ids"):
             await self._pull_from_decode(seq, kv)
         elif seq.role == "decode" and kv.get("do_remote_prefill") and kv.get("remote_block_ids"):
             await self._load_from_prefill(seq, kv)
+        elif self.warm_tier is not None:
+            # NIXL is the first connector: only a request without a handle asks the tier.
+            await self._load_warm(seq, self.warm_tier)
+
+    async def _load_warm(self, seq: _Sequence, tier: WarmTierClient) -> None:
+        """The leading whole chunks the warm tier holds beyond the local hit."""
+        prompt = seq.request.prompt
+        size = self.config.block_size
+        limit = (len(prompt) - 1) // size * size  # leave a token to compute, as vLLM does
+        contents = (await tier.lookup(prompt, limit))[seq.computed // size :]
+        if not contents:
+            return
+        blocks = await self._allocate(len(contents))
+        count = len(contents) * size
+        await asyncio.sleep(self.config.timing.warm_load(count))
+        for block, content in zip(blocks, contents, strict=True):
+            self.pool.content[block] = content
+        seq.blocks += blocks
+        seq.computed += count
+        seq.external = count
 
     async def _pull_from_decode(self, seq: _Sequence, handle: dict[str, Any]) -> None:
         """Turn N+1 on P with D's handle (§3): pull what P lacks, end-trim aligned."""
@@ -449,6 +478,12 @@ class SimEngine:
             seq.blocks += self.pool.allocate(missing)
         computed = len(prompt) - seq.computed
         self.pool.compute(seq.blocks, prompt, seq.computed, len(prompt))
+        if self.warm_tier is not None and seq.role != "decode":
+            # Saved as computed, after the step (LMCache's connector on P; D saves nothing).
+            contents = [self.pool.content[b] for b in seq.blocks]
+            task = asyncio.create_task(self.warm_tier.save(prompt, contents, size))
+            self._warm_saves.add(task)
+            task.add_done_callback(self._warm_saves.discard)
         # Pulled and loaded blocks are cached under this prompt's token hashes (§3).
         self.pool.cache(seq.blocks, prompt)
         self.metrics.prompt_sources(computed, seq.cached, seq.external)

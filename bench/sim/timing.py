@@ -19,6 +19,9 @@ class Timing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         kv_bytes_per_token: KV bytes per token (Llama-3-8B: 32 layers x 8 KV heads x 128 x 2 x 2 B).
         kv_bandwidth: bytes/s of a NIXL transfer.
         kv_transfer_fixed: per transfer (handshake, descriptors, notification).
+        warm_bandwidth: bytes/s of a load from the warm tier (LMCache in host memory, over
+            PCIe: slower than NIXL between GPUs).
+        warm_fixed: per load from the warm tier (lookup and the server's round trip).
         speed: multiplier on every delay.
     """
 
@@ -30,6 +33,8 @@ class Timing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kv_bytes_per_token: int = 131072
     kv_bandwidth: float = 40e9
     kv_transfer_fixed: float = 0.002
+    warm_bandwidth: float = 12e9
+    warm_fixed: float = 0.003
     speed: float = 1.0
 
     def prefill(self, computed: int, context_before: int) -> float:
@@ -38,6 +43,10 @@ class Timing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def decode(self, batch: int) -> float:
         return self.speed * (self.decode_step + self.decode_per_seq * batch)
+
+    def warm_load(self, tokens: int) -> float:
+        seconds = self.warm_fixed + tokens * self.kv_bytes_per_token / self.warm_bandwidth
+        return self.speed * seconds
 
     def transfer(self, tokens: int) -> float:
         seconds = self.kv_transfer_fixed + tokens * self.kv_bytes_per_token / self.kv_bandwidth

@@ -48,7 +48,7 @@ class Skipped(StrEnum):
     #: ``token_ids`` do not fill ``block_hashes`` blocks of ``block_size``.
     MALFORMED = "malformed"
     #: An offload tier's blocks of another size than the engine's own (LMCache's 256-token
-    #: chunks): they are not a new configuration of the engine.
+    #: chunks): skipped here; a model's warm tier indexes them in its own entry (router/kv/warm.py).
     OTHER_BLOCK_SIZE = "other_block_size"
 
 
@@ -123,6 +123,16 @@ class InstanceBlocks:
             self._held[parent] = self._held.get(parent, Tier(0)) | tier
         if len(self._keys) > self.max_blocks:
             # Only lost removals get here; stale entries would never leave otherwise.
+            self.overflows += 1
+            self.clear()
+
+    def hold(self, keys: Sequence[int], tier: Tier) -> None:
+        """Blocks known held without an event (their chain ``keys``): what the router saw an
+        engine write to a warm tier whose events do not reach it (router/kv/warm.py)."""
+        for key in keys:
+            self._keys[(tier, key)] = key
+            self._held[key] = self._held.get(key, Tier(0)) | tier
+        if len(self._keys) > self.max_blocks:
             self.overflows += 1
             self.clear()
 

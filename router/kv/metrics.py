@@ -58,3 +58,21 @@ class KvMetrics:
             ["leg"],
             registry=r,
         )
+        self.warm_up = Gauge(
+            "carryover_warm_tier_up",
+            "1 while the warm tier answers its health check (always 1 without one).",
+            ["tier"],
+            registry=r,
+        )
+        self.warm_turns = Counter(
+            "carryover_warm_tier_turns",
+            "Turns without a handle whose prompt's start the warm tier held, by outcome.",
+            ["tier", "outcome"],
+            registry=r,
+        )
+        self.warm_tokens = Counter(
+            "carryover_warm_tier_tokens",
+            "Prompt tokens the warm tier held for the turns routed to it (not computed by P).",
+            ["tier"],
+            registry=r,
+        )

@@ -13,6 +13,8 @@ from router.config import RouterConfig
 from router.kv.index import KvIndex
 from router.kv.metrics import KvMetrics
 from router.kv.subscriber import EventSubscriber
+from router.kv.warm import WarmTier, watch_health
+from router.upstream import Upstream
 
 __all__ = ["KvEvents"]
 
@@ -26,6 +28,15 @@ class KvEvents:
         self._context: zmq.asyncio.Context | None = None
         self.subscribers: dict[str, EventSubscriber] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        #: Each model's warm tier, by the name of every instance of the model.
+        self.warm: dict[str, WarmTier] = {}
+        self.warm_tiers: list[WarmTier] = []
+        for model in config.models:
+            if model.warm_tier is not None:
+                tier = WarmTier(model.warm_tier)
+                self.warm_tiers.append(tier)
+                for instance in (*model.prefill, *model.decode):
+                    self.warm[instance.label] = tier
         self._sources = [
             (instance.label, instance.kv_events, instance.kv_events_replay)
             for model in config.models
@@ -40,7 +51,9 @@ class KvEvents:
 
     @property
     def enabled(self) -> bool:
-        return bool(self._sources)
+        """Whether turns consult the index: some engine publishes events, or a warm tier is
+        learned from the router's own P legs."""
+        return bool(self._sources or self.warm_tiers)
 
     def start(self) -> None:
         if not self._sources:
@@ -55,9 +68,18 @@ class KvEvents:
                 self.index.of(name),
                 self.metrics,
                 context=self._context,
+                warm=self.warm.get(name),
             )
             self.subscribers[name] = subscriber
             self._tasks.append(asyncio.create_task(self._run(subscriber)))
+
+    def watch_warm_tiers(self, http: Upstream, *, interval: float, timeout: float) -> None:
+        """Keep each warm tier's ``up`` true to its health check (stopped by ``stop``)."""
+        if self.warm_tiers:
+            checks = watch_health(
+                self.warm_tiers, http, self.metrics.warm_up, interval=interval, timeout=timeout
+            )
+            self._tasks.append(asyncio.create_task(checks))
 
     async def _run(self, subscriber: EventSubscriber) -> None:
         # ZMQ reconnects by itself; only an error of ours ends a run, and it starts again.

@@ -25,9 +25,10 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from router.kv.events import END_SEQ, KVEventBatch, decode_batch
+from router.kv.events import END_SEQ, AllBlocksCleared, KVEvent, KVEventBatch, decode_batch
 from router.kv.index import InstanceBlocks
 from router.kv.metrics import KvMetrics
+from router.kv.warm import WarmTier
 
 __all__ = ["EventSubscriber", "ReplayOutcome", "ResetCause"]
 
@@ -61,8 +62,13 @@ class EventSubscriber:
         context: zmq.asyncio.Context,
         replay_timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
+        warm: WarmTier | None = None,
     ) -> None:
         self.instance = instance
+        #: The model's warm tier: events under its medium are its blocks, not this engine's.
+        #: A restart or a gap of this engine drops only the engine's own entries (the tier
+        #: outlives engines).
+        self.warm = warm
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.blocks = blocks
@@ -196,21 +202,34 @@ class EventSubscriber:
         self.applied = asyncio.Event()
 
     def _apply_batch(self, batch: KVEventBatch) -> None:
-        blocks = self.blocks
+        own: list[KVEvent] = batch.events
+        warm = self.warm
+        if warm is not None:
+            medium = warm.config.medium
+            own = []
+            shared: list[KVEvent] = []
+            for event in batch.events:
+                if not isinstance(event, AllBlocksCleared) and event.medium == medium:
+                    shared.append(event)
+                else:
+                    own.append(event)
+            if shared:
+                self._apply_to(warm.name, warm.blocks, shared)
+        self._apply_to(self.instance, self.blocks, own)
+        self.metrics.lag.labels(self.instance).set(max(0.0, self.clock() - batch.ts))
+
+    def _apply_to(self, name: str, blocks: InstanceBlocks, events: list[KVEvent]) -> None:
         overflows = blocks.overflows
         skipped_before = dict(blocks.skipped)
-        for event in batch.events:
+        for event in events:
             blocks.apply(event)
         if blocks.overflows != overflows:
-            self.metrics.resets.labels(self.instance, ResetCause.OVERFLOW).inc()
+            self.metrics.resets.labels(name, ResetCause.OVERFLOW).inc()
         for why, count in blocks.skipped.items():
             if count != skipped_before.get(why, 0):
-                self.metrics.skipped.labels(self.instance, why).inc(
-                    count - skipped_before.get(why, 0)
-                )
-        self.metrics.events.labels(self.instance).inc(len(batch.events))
-        self.metrics.blocks.labels(self.instance).set(len(blocks))
-        self.metrics.lag.labels(self.instance).set(max(0.0, self.clock() - batch.ts))
+                self.metrics.skipped.labels(name, why).inc(count - skipped_before.get(why, 0))
+        self.metrics.events.labels(name).inc(len(events))
+        self.metrics.blocks.labels(name).set(len(blocks))
 
     def _reset(self, cause: ResetCause) -> None:
         log.info("kv events: dropping what is known of %s (%s)", self.instance, cause)

@@ -43,6 +43,8 @@ class TurnPath(StrEnum):
     COLD_ERROR = "cold-error"  #: store or render down, or P refused the handle
     COLD_UNCHECKED = "cold-unchecked"  #: fields the engine applies itself: nothing checked
     DECODE_LOCAL = "decode-local"  #: D held the prefix and the rest was short: no P leg
+    #: no handle, and P loads the start of the prompt from the model's warm tier (LMCache)
+    WARM = "warm"
 
 
 def path_of(plan_: Plan) -> TurnPath:

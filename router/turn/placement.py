@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from router.kv.index import Cached, Prompt
+from router.kv.warm import WarmOutcome, WarmTier
 from router.policy import Held
 from router.pool import Instance
-from router.turn.model import Prepared
+from router.turn.model import Prepared, TurnPath
 from router.turn.services import TurnServices
 
-__all__ = ["cached_on", "holding", "note_choice"]
+__all__ = ["cached_on", "holding", "note_choice", "note_warm", "note_warm_stored"]
 
 
 def _unknown(_: Instance) -> int | None:
@@ -35,14 +36,29 @@ def _cached(svc: TurnServices, prepared: Prepared, name: str) -> Cached | None:
     return prepared.kv_cached[name]
 
 
-def holding(svc: TurnServices, prepared: Prepared) -> Held:
-    """Tokens of the prompt each instance holds (all tiers), ``None`` when unknown."""
+def _warm(svc: TurnServices, prepared: Prepared, name: str) -> tuple[WarmTier, int] | None:
+    """The warm tier ``name`` reaches and how many leading tokens of the prompt it holds."""
+    prompt = _prompt(svc, prepared)
+    if prompt is None or svc.kv is None:
+        return None
+    tier = svc.kv.warm.get(name)
+    return None if tier is None else (tier, tier.held(prompt))
+
+
+def holding(svc: TurnServices, prepared: Prepared, *, warm: bool = False) -> Held:
+    """Tokens of the prompt each instance holds (all tiers), ``None`` when unknown. ``warm``
+    (the P leg): with what the model's warm tier holds while it is up, which every P of the
+    model loads by itself."""
     if _prompt(svc, prepared) is None:
         return _unknown
 
     def held(instance: Instance) -> int | None:
         cached = _cached(svc, prepared, instance.name)
-        return None if cached is None else cached.tokens
+        own = None if cached is None else cached.tokens
+        shared = _warm(svc, prepared, instance.name) if warm else None
+        if shared is None or not shared[0].up or not shared[1]:
+            return own
+        return max(own or 0, shared[1])
 
     return held
 
@@ -58,3 +74,31 @@ def note_choice(svc: TurnServices, prepared: Prepared, leg: str, instance: Insta
         return
     svc.kv.metrics.queried_tokens.labels(leg).inc(len(prepared.ids or ()))
     svc.kv.metrics.cached_tokens.labels(leg).inc(cached.tokens)
+
+
+def note_warm(svc: TurnServices, prepared: Prepared, instance: Instance) -> None:
+    """A P leg without a handle: if the warm tier holds more of the prompt than P itself,
+    the turn runs ``warm`` (P loads that much from the tier); if the tier is down, it runs
+    cold, and that is counted."""
+    shared = _warm(svc, prepared, instance.name)
+    if shared is None or svc.kv is None:
+        return
+    if prepared.path in (TurnPath.COLD_UNCHECKED, TurnPath.WARM):  # unchecked, or counted
+        return
+    tier, tokens = shared
+    own = _cached(svc, prepared, instance.name)
+    if tokens <= (own.device_tokens if own is not None else 0):
+        return
+    if not tier.up:
+        svc.kv.metrics.warm_turns.labels(tier.name, WarmOutcome.DOWN).inc()
+        return
+    prepared.path = TurnPath.WARM
+    svc.kv.metrics.warm_turns.labels(tier.name, WarmOutcome.HIT).inc()
+    svc.kv.metrics.warm_tokens.labels(tier.name).inc(tokens - (own.device_tokens if own else 0))
+
+
+def note_warm_stored(svc: TurnServices, prepared: Prepared, instance: Instance) -> None:
+    """P answered a leg without a handle: it saved the prompt's whole chunks to the tier."""
+    shared = _warm(svc, prepared, instance.name)
+    if shared is not None and shared[0].up and prepared.kv_prompt is not None:
+        shared[0].stored(prepared.kv_prompt)

@@ -11,7 +11,7 @@ from router.pool import Instance
 from router.turn.api import engine_api
 from router.turn.commit import release_replaced
 from router.turn.model import Prepared, TurnPath, TurnRequest
-from router.turn.placement import holding, note_choice
+from router.turn.placement import holding, note_choice, note_warm, note_warm_stored
 from router.turn.services import TurnServices
 from state import StoreUnavailable
 
@@ -24,7 +24,7 @@ async def run_prefill(
     """Run the P leg; ``(None, None)`` when no P could serve it (D then runs alone)."""
     tried: set[Instance] = set()
     last = prepared.record.prefill if prepared.record is not None else None
-    held = holding(svc, prepared)
+    held = holding(svc, prepared, warm=True)
     with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
         for _ in range(3):
             instance = pick_prefill(
@@ -46,6 +46,8 @@ async def run_prefill(
             path, body = engine_api(req.model).prefill(req, prepared, kv)
             if with_handle:
                 prepared.send_handle()
+            else:
+                note_warm(svc, prepared, instance)
             with svc.pool.lease(instance) as lease:
                 try:
                     answer = await svc.upstream.post_json(
@@ -84,6 +86,8 @@ async def run_prefill(
                     tried.add(instance)
                     continue
                 lease.succeeded()
+                if not with_handle:
+                    note_warm_stored(svc, prepared, instance)
                 return instance, params
         return await _no_prefill(svc, req, prepared)
 

@@ -56,3 +56,38 @@ def test_short_bench_run_writes_every_arm(tmp_path: Path) -> None:
     for arm in arms:
         assert f"| {arm} |" in markdown
     assert len(files["turns"].read_text().splitlines()) == len(arms) * 9
+
+
+def test_the_warm_arm_loads_expired_histories_from_the_shared_tier(tmp_path: Path) -> None:
+    # Every pause outlasts D's TTL (6 s less vLLM's 5 s margin: a one-second record), so no
+    # handle survives to the next turn; the P engines share a simulated warm tier.
+    spec = WorkloadSpec(
+        conversations=2,
+        turns=3,
+        system_tokens=Distribution("constant", 600),
+        user_tokens=Distribution("constant", 40),
+        output_tokens=Distribution("constant", 8),
+        think_time=Distribution("constant", 1500),
+        seed=7,
+    )
+    arms = ["carryover-warm-no-index", "carryover-no-reuse"]
+    report = run_arms(
+        generate(spec),
+        arms,
+        out=tmp_path,
+        slo=Slo.parse("ttft=2s"),
+        speed=0.05,
+        progress=False,
+        prefills=2,
+        decodes=1,
+        decode_ttl=6,
+    )
+    data = json.loads(Path(report["files"]["json"]).read_text())
+    warm = data["arms"]["carryover-warm-no-index"]
+    assert warm["failed"] == 0 and warm["answers_differing_from_baseline"] == 0
+    assert warm["paths"] == {"cold-miss": 2, "warm": 4}, warm["paths"]
+    # What P did not compute, it loaded from the tier (no handle was ever pulled).
+    loaded = warm["prompt_tokens_per_turn"]["prefill/external_kv_transfer"]
+    cold = data["arms"]["carryover-no-reuse"]["prompt_tokens_per_turn"]
+    assert loaded > 0
+    assert warm["prompt_tokens_per_turn"]["prefill/local_compute"] < cold["prefill/local_compute"]

@@ -13,10 +13,12 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from bench.sim.kv_events import KvEventPublisher, KVEventsSettings
+from router.config import WarmTierConfig
 from router.kv.events import BlockStored
 from router.kv.index import InstanceBlocks, Prompt
 from router.kv.metrics import KvMetrics
 from router.kv.subscriber import EventSubscriber
+from router.kv.warm import WarmTier
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 
@@ -35,7 +37,9 @@ def holds(blocks: InstanceBlocks, ids: list[int]) -> bool:
 
 
 @asynccontextmanager
-async def pair(*, replay: bool = True) -> AsyncIterator[tuple[KvEventPublisher, EventSubscriber]]:
+async def pair(
+    *, replay: bool = True, warm: WarmTier | None = None
+) -> AsyncIterator[tuple[KvEventPublisher, EventSubscriber]]:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     replay_endpoint = f"tcp://127.0.0.1:{free_port()}"
     publisher = KvEventPublisher(
@@ -51,6 +55,7 @@ async def pair(*, replay: bool = True) -> AsyncIterator[tuple[KvEventPublisher, 
         InstanceBlocks(),
         KvMetrics(registry),
         context=context,
+        warm=warm,
     )
     subscriber.registry = registry  # type: ignore[attr-defined]
     task = asyncio.create_task(subscriber.run())
@@ -147,3 +152,25 @@ async def test_a_restarted_engine_starts_the_index_again() -> None:
         assert not any(holds(subscriber.blocks, ids) for ids in before)
         assert holds(subscriber.blocks, published[-1])
         assert sample(subscriber, "carryover_kv_index_resets_total", cause="restart") == 1
+
+
+async def test_the_warm_tiers_chunks_are_the_tiers_and_outlive_an_engine_restart() -> None:
+    # LMCache's MP connector reports the shared server's chunks (medium CPU, its own chunk
+    # size) in the engine's stream; a restart of the engine does not empty the server.
+    tier = WarmTier(WarmTierConfig(name="lmcache", medium="CPU", chunk_tokens=2 * SIZE))
+    async with pair(warm=tier) as (publisher, subscriber):
+        await in_step(publisher, subscriber)
+        chunk = [next(_tokens) for _ in range(2 * SIZE)]
+        await publisher.publish([BlockStored([chunk[0]], None, chunk, 2 * SIZE, None, "CPU", None)])
+        await eventually(
+            lambda: _ready(subscriber.last == publisher.last_seq), what="the chunk's batch"
+        )
+        assert tier.held(Prompt(chunk + [1, 2])) == 2 * SIZE
+        assert subscriber.blocks.cached(Prompt(chunk).keys(SIZE)).tokens == 0
+        assert subscriber.blocks.skipped == {}
+        publisher.restart()
+        published = await in_step(publisher, subscriber)
+        assert holds(subscriber.blocks, published[-1])
+        assert tier.held(Prompt(chunk)) == 2 * SIZE
+        registry: CollectorRegistry = subscriber.registry  # type: ignore[attr-defined]
+        assert registry.get_sample_value("carryover_kv_index_blocks", {"instance": "lmcache"}) == 1

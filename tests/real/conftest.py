@@ -6,6 +6,7 @@ front of it. Two configurations exist: ``vllm_pair``, whose P has no prefix cach
 counters say exactly what the router attached), and ``cached_pair``, whose P keeps one (what a
 turn without a handle finds there). ``Engines`` swaps them when a test asks for the other;
 the modules are named so that each configuration is started once (``test_caches.py`` first,
+``test_zzw_warm.py``, whose pair reaches an LMCache server, next to last, and
 ``test_zzz_tokens.py``, whose pair runs ``--tokens-only``, last).
 
 No test here races a clock: D pins a turn's blocks for an hour and the routers are told so, far
@@ -24,6 +25,7 @@ import httpx
 import pytest
 
 from bench.real.launch import EngineDied, VllmPair
+from bench.real.lmcache import LmcacheServer
 from bench.redis_server import RedisServer
 from tests.support.router_proc import RouterProcess
 
@@ -57,6 +59,8 @@ class Engines:
             # the subscriber meets vLLM's own wire format in every test.
             kv_events=True,
             dev_mode=kind == "cached",  # POST /reset_prefix_cache
+            # test_zzw_warm.py: both engines also reach an LMCache server (the warm tier).
+            lmcache=LmcacheServer(self.log_dir / kind / "lmcache.log") if kind == "warm" else None,
         )
         for attempt in (1, 2):
             try:  # a failed start or warm-up stops both engines too

@@ -14,6 +14,7 @@ import httpx
 
 from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
+from bench.sim.warm_tier import SimWarmTier
 from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess
 from tests.support.sims import MODEL, qwen3, running, sim_config
@@ -62,6 +63,7 @@ async def stack(
     d_sim: dict[str, Any] | None = None,
     tokens: bool = False,
     reasoning_parser: str | None = None,
+    warm_tier: SimWarmTier | None = None,
 ) -> AsyncIterator[Stack]:
     """``tokens``: P and D are ``--tokens-only`` engines and a simulated render server (with
     ``reasoning_parser``) renders and derenders; the reference engine serves the OpenAI API."""
@@ -96,6 +98,9 @@ async def stack(
             )
             for _ in range(decodes)
         ]
+        if warm_tier is not None:  # every P reaches it, as every engine reaches LMCache's server
+            for p in p_list:
+                p.engine.warm_tier = warm_tier
         reference = await exits.enter_async_context(running(sim_config(None, **common)))
         procs = [
             RouterProcess(router_args(p_list, d_list, *router_flags), log_dir)

@@ -63,7 +63,7 @@ def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
         else:
             raise AssertionError(f"unknown carryover command in {name}: {command}")
         parsed += 1
-    assert parsed == 6  # four routers (gpu, tokens-only, sim, sentinel) and two simulated engines
+    assert parsed == 7  # five routers (gpu, tokens-only, warm-tier, sim, sentinel), two sim engines
 
 
 def test_engines_are_set_up_for_bidirectional_pd(compose: dict[str, Any]) -> None:
@@ -104,6 +104,38 @@ def test_the_tokens_only_profile_runs_the_four_stages(compose: dict[str, Any]) -
     assert f"--reasoning-parser={model.tokens.reasoning_parser}" in render["command"]
     assert f"--tool-call-parser={model.tokens.tool_call_parser}" in render["command"]
     assert "redis" in router["depends_on"] and "tokens-only" in services["redis"]["profiles"]
+
+
+def test_the_warm_tier_profile_composes_nixl_first_with_lmcache_on_both_engines(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    server = services["lmcache"]
+    flags = dict(f.removeprefix("--").split("=", 1) for f in server["command"])
+    for name, role in (("prefill-warm", "kv_producer"), ("decode-warm", "kv_consumer")):
+        service = services[name]
+        command = service["command"]
+        config = json.loads(command[command.index("--kv-transfer-config") + 1])
+        assert config["kv_connector"] == "MultiConnector"
+        nixl, lmcache = config["kv_connector_extra_config"]["connectors"]
+        # NIXL first: MultiConnector gives a request to the first connector with tokens, so a
+        # handle's pull wins and LMCache serves only turns without one.
+        assert nixl["kv_connector"] == "NixlConnector" and nixl["kv_role"] == role
+        assert nixl["kv_connector_extra_config"]["bidirectional_kv_xfer"] is True
+        if role == "kv_producer":
+            assert config["kv_load_failure_policy"] == "fail"
+        extra = lmcache["kv_connector_extra_config"]
+        assert lmcache["kv_connector"] == "LMCacheMPConnector"
+        assert extra["lmcache.mp.host"] == "tcp://lmcache"
+        assert str(extra["lmcache.mp.port"]) == flags["port"]
+        assert service["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == name
+        assert service["profiles"] == ["warm-tier"] and "lmcache" in service["depends_on"]
+    model = load_config(services["router-warm"]["command"][1:], environ={}).models[0]
+    assert model.warm_tier is not None
+    assert model.warm_tier.health == f"http://lmcache:{flags['http-port']}/healthcheck"
+    assert model.warm_tier.chunk_tokens == int(flags["chunk-size"])
+    assert [i.url for i in model.prefill] == ["http://prefill-warm:8000"]
+    assert "warm-tier" in services["redis"]["profiles"]
 
 
 def test_the_sentinel_profile_watches_a_primary_and_replica_with_three_sentinels(

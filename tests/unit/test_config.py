@@ -98,3 +98,27 @@ def test_a_tokens_only_model_needs_a_render_server() -> None:
     assert model.tokens_only and model.render.url == "http://r:1"
     assert (model.tokens.reasoning_parser, model.tokens.tool_call_parser) == ("qwen3", None)
     assert (model.tokens.stream_tokens, model.tokens.stream_interval) == (4, 0.2)
+
+
+def test_a_warm_tier_comes_from_flags_or_env_over_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "carryover.toml"
+    path.write_text(
+        '[[models]]\nprefill = [{url = "http://p:8000"}]\ndecode = [{url = "http://d:8000"}]\n'
+        '[models.warm_tier]\nname = "lmcache"\nchunk_tokens = 512\n'
+    )
+    from_file = load_config(["--config", str(path)], environ={}).models[0].warm_tier
+    assert from_file is not None and (from_file.chunk_tokens, from_file.health) == (512, None)
+    health = "http://lmcache:8080/healthcheck"
+    flags = ["--config", str(path), "--warm-tier-health", health]
+    warm = load_config(flags, environ={"CARRYOVER_WARM_TIER_CHUNK_TOKENS": "256"}).models[0]
+    assert warm.warm_tier is not None
+    assert (warm.warm_tier.name, warm.warm_tier.health, warm.warm_tier.chunk_tokens) == (
+        "lmcache",
+        health,
+        256,
+    )
+    assert (
+        load_config(["--prefill", "http://p", "--decode", "http://d"]).models[0].warm_tier is None
+    )
+    with pytest.raises(ConfigError, match=r"warm_tier\.health"):
+        load_config(["--prefill", "http://p", "--decode", "http://d", "--warm-tier-health", "x"])
