@@ -79,6 +79,20 @@ async def test_a_turn_without_its_handle_loads_its_history_from_the_warm_tier(
             # What the router expected from the tier is what P loaded.
             assert router["carryover_warm_tier_tokens_total{tier=lmcache}"] == loaded
 
+            # An edited history: the tier keys chunks by their tokens, so P loads only the
+            # chunks before the edit, and the answer is still the reference's.
+            edited = [dict(m) for m in messages]
+            edited[0]["content"] = SYSTEM.replace("Rule 20:", "Rule twenty:")
+            await record_expired(s, conversation)
+            before = await p_sources(s)
+            got_edited = await chat_turn(
+                s.client, s.router.url, edited, conversation_id=conversation
+            )
+            assert got_edited.status == 200 and got_edited.path == "warm", got_edited.raw
+            assert got_edited.content == (await reference_chat(s, edited)).content
+            loaded_edited = (await p_sources(s))[0] - before[0]
+            assert 0 < loaded_edited < loaded and loaded_edited % CHUNK == 0
+
             # The tier fails its health check: the next such turn runs cold, and is counted.
             tier.up = False
             await eventually(

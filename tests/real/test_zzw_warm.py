@@ -1,7 +1,8 @@
 """The warm tier on real vLLM (docs/warm-tier.md): P and D also reach an LMCache server through
 vLLM's MultiConnector (NIXL first). A turn whose handle is gone runs ``warm``: P loads the
-history's whole chunks from LMCache and computes the rest, by its own counters; with the server
-gone, the same kind of turn runs cold, is counted, and still answers.
+history's whole chunks from LMCache and computes the rest, by its own counters, and an edited
+history loads only the chunks before the edit; with the server gone, the same kind of turn
+runs cold, is counted, and still answers.
 
 The router learns what the tier holds from its own P legs: vLLM 0.32's MultiConnector forwards
 no KV events of LMCache's connector. Its records live one second here (D's TTL is told as 7 s,
@@ -57,8 +58,8 @@ async def warm_router(
         *("--decoder-kv-blocks-ttl", "7", "--expose-path-header"),
         *("--warm-tier", "lmcache", "--warm-tier-health", warm_pair.lmcache.health),
         *("--warm-tier-chunk-tokens", str(CHUNK)),
-        # A first request after LMCache's server went away waited ~45 s here for the
-        # connector to give up on it.
+        # The first turn after LMCache's server went away took 259 s here: every LMCache
+        # call of P and D waits for the connector to give up on it (docs/warm-tier.md).
         *("--prefill-timeout", "600"),
     )
     async with routed(warm_pair, redis_server, tmp_path, *flags) as router:
@@ -119,6 +120,14 @@ async def test_a_turn_without_its_handle_loads_history_from_lmcache_then_runs_co
     router = await ascrape(client, warm_router.url)
     assert router["carryover_warm_tier_turns_total{outcome=hit,tier=lmcache}"] == 1
     assert router["carryover_warm_tier_tokens_total{tier=lmcache}"] == saved
+
+    # An edited history: LMCache keys chunks by their tokens, so P loads only the chunk before
+    # the edit and computes the rest; the answer is still the reference's.
+    await record_gone(client, warm_router, nonce)
+    edited = list(second)
+    edited[CHUNK + 10] = 198 if edited[CHUNK + 10] != 198 else 271
+    _, path, loaded, computed = await routed_turn(client, warm_router, warm_pair, edited, nonce)
+    assert path == "warm" and loaded == CHUNK and computed == len(edited) - CHUNK
 
     # LMCache's server goes away: the router sees its health check fail, and the next such
     # turn runs cold, counted, with the same answer.
