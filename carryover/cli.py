@@ -1,6 +1,6 @@
 """``carryover COMMAND``: hands each command to the package that owns it.
 
-``serve`` is the router's (``router.cli``); ``sim``, ``sim-render``, ``sim-warm-tier``, ``bench``
+``serve`` and ``report`` are the router's (``router.cli``, ``router.report``); ``sim``, ``sim-render``, ``sim-warm-tier``, ``bench``
 and ``demo`` are the benchmark's (``bench``). The router never imports the benchmark, so ``carryover serve`` runs
 without the ``bench`` extra (plotting) installed.
 """
@@ -16,6 +16,7 @@ _USAGE = """usage: carryover COMMAND [ARGS]
 
 commands:
   serve   run the router in front of vLLM prefill/decode instances
+  report  the turn-by-turn report of live traffic, from routers' /metrics
   sim     run a simulated vLLM instance (same flags as vllm serve, plus --sim-*)
   sim-render  run a simulated vLLM render server (for --tokens-only simulated engines)
   sim-warm-tier  run a simulated warm KV tier (LMCache's server) for simulated engines
@@ -34,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from router.cli import main as router_main
 
         router_main(args)
+    elif command == "report":
+        from router.report.cli import main as report_main
+
+        report_main(rest)
     elif command == "sim":
         from bench.sim.cli import main as sim_main
 

@@ -14,6 +14,12 @@ from prometheus_client import (
 __all__ = ["RouterMetrics", "turn_bucket"]
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# Time to first token is what the turn-by-turn report reads (router/report): a median is
+# interpolated within one bucket, so the buckets are tight where first tokens usually land.
+_TTFT = (
+    *(0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4),
+    *(0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30),
+)
 
 
 def turn_bucket(turn: int) -> str:
@@ -43,7 +49,7 @@ class RouterMetrics:
             "carryover_ttft_seconds",
             "Time to first streamed byte, by turn index.",
             ["turn"],
-            buckets=_LATENCY,
+            buckets=_TTFT,
             registry=r,
         )
         self.e2e = Histogram(

@@ -1,0 +1,74 @@
+"""``carryover report`` against two routers under the simulator with known traffic: the numbers
+it prints are what was sent (router/report)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from router.report.cli import main as report_main
+from tests.support.metrics import ascrape
+from tests.support.stack import chat_turn, stack
+from tests.support.waiting import eventually
+
+TEXT = "Tell me, part {i}, how a lighthouse keeper spent the long winter nights on the rock. "
+
+
+async def test_the_report_adds_up_two_routers_turn_by_turn(
+    tmp_path: Path, redis_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ("--redis", redis_server.url, "--held-interval", "0.2")
+    async with stack(tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}) as s:
+        decode = urlsplit(s.decode[0].url).netloc
+        # Three conversations of three streamed turns, each turn on the other router.
+        for c in range(3):
+            conversation = uuid.uuid4().hex
+            messages: list[dict[str, Any]] = []
+            for turn in range(3):
+                messages.append({"role": "user", "content": TEXT.format(i=turn) * 3})
+                router = s.routers[(c + turn) % 2]
+                got = await chat_turn(
+                    s.client, router.url, messages, stream=True, conversation_id=conversation
+                )
+                assert got.status == 200, got.raw
+                messages.append({"role": "assistant", "content": got.content})
+        # One non-streamed turn without a conversation: a path, but no streamed TTFT.
+        plain = await chat_turn(s.client, s.router.url, [{"role": "user", "content": "Hi."}])
+        assert plain.status == 200
+
+        async def fleet_view() -> float:
+            values = await ascrape(s.client, s.routers[1].url)
+            return values.get(f"carryover_decode_handles{{instance={decode}}}", -1.0)
+
+        await eventually(fleet_view, lambda held: held == 3, what="the held handles are read")
+        urls = [arg for r in s.routers for arg in ("--metrics", r.url)]
+        await asyncio.to_thread(report_main, [*urls, "--since", "0", "--json"])
+        report = json.loads(capsys.readouterr().out)
+
+        assert report["routers"] == 2 and report["window_s"] is None
+        by_turn = {row["turns"]: row for row in report["ttft"]}
+        assert {k: v["count"] for k, v in by_turn.items()} == {"1": 3, "2": 3, "3-5": 3}
+        assert all(0 < row["p50_ms"] <= row["p99_ms"] for row in by_turn.values())
+        paths = report["turns_by_path"]
+        assert sum(paths.values()) == 10
+        assert paths["cold-miss"] == 4  # three first turns and the turn without a conversation
+        assert paths.get("reuse", 0) + paths.get("partial", 0) == 6
+        # What P did not compute is what the routers say was reused (both routers' counters).
+        metrics = [await ascrape(s.client, r.url) for r in s.routers]
+        reused = sum(
+            m["carryover_prompt_tokens_total{kind=reused,model=sim-qwen3}"] for m in metrics
+        )
+        assert report["prompt_tokens_reused"] == reused > 0
+        assert report["reused_share"] > 0
+        # Every router reads the same store: three handles, counted once.
+        assert report["decode_held"][decode]["handles"] == 3
+
+        await asyncio.to_thread(report_main, [*urls, "--since", "0"])
+        text = capsys.readouterr().out
+        assert "| 3-5 | 3 |" in text and f"| {decode} | 3 |" in text
