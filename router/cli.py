@@ -163,6 +163,18 @@ def _assign_per_instance(models: list[dict[str, Any]], field_name: str, pairs: l
             raise ConfigError(f"{pair!r}: no configured instance has the URL or name {target!r}")
 
 
+def _read_api_keys(path: Path) -> dict[str, str]:
+    """``{"bearer key": "tenant", …}`` from a file (a mounted secret), so that keys need not
+    sit in the config file or a ConfigMap."""
+    try:
+        keys = msgspec.json.decode(path.read_bytes(), type=dict[str, str])
+    except (OSError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"api_keys_file {path}: {exc}") from exc
+    if not all(keys) or not all(keys.values()):
+        raise ConfigError(f"api_keys_file {path}: empty keys or tenants")
+    return keys
+
+
 def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> RouterConfig:
     """Defaults < config file < ``CARRYOVER_*`` environment < flags."""
     env = dict(os.environ if environ is None else environ)
@@ -210,6 +222,10 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         value = pick(flag, env_name, convert)
         if value is not None:
             router[key] = value
+    keys_file = pick(None, "API_KEYS_FILE") or router.pop("api_keys_file", None)
+    router.pop("api_keys_file", None)
+    if keys_file:
+        router["api_keys"] = {**router.get("api_keys", {}), **_read_api_keys(Path(keys_file))}
     if args.expose_path_header or env.get(_ENV_PREFIX + "EXPOSE_PATH_HEADER") == "1":
         router["expose_path_header"] = True
     headers = args.conversation_header or _env_list(env.get(_ENV_PREFIX + "CONVERSATION_HEADERS"))

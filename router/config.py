@@ -304,6 +304,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         max_body_bytes: larger request bodies get 413 (default 32 MiB).
         max_messages: more chat messages than this get 400.
         api_keys: bearer key -> tenant; empty means no authentication (tenant ``default``).
+            ``api_keys_file`` in the file (or ``CARRYOVER_API_KEYS_FILE``) adds those of a
+            JSON object in a file, a mounted secret say (read by ``router.cli``).
         admin_key: bearer key for ``/admin/*`` (admin endpoints are off without one).
         expose_path_header: add ``X-Carryover-Path`` (reuse|partial|cold-…) to responses.
         health_interval: seconds between health and load probes of each instance.

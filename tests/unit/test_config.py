@@ -122,3 +122,21 @@ def test_a_warm_tier_comes_from_flags_or_env_over_the_file(tmp_path: Path) -> No
     )
     with pytest.raises(ConfigError, match=r"warm_tier\.health"):
         load_config(["--prefill", "http://p", "--decode", "http://d", "--warm-tier-health", "x"])
+
+
+def test_api_keys_come_from_a_secret_file_too(tmp_path: Path) -> None:
+    secret = tmp_path / "api-keys.json"
+    secret.write_text('{"sk-b": "team-b"}')
+    path = tmp_path / "carryover.toml"
+    path.write_text(
+        f'[router]\napi_keys = {{ "sk-a" = "team-a" }}\napi_keys_file = "{secret}"\n'
+        '[[models]]\nprefill = [{url = "http://p:8000"}]\ndecode = [{url = "http://d:8000"}]\n'
+    )
+    config = load_config(["--config", str(path)], environ={})
+    assert config.api_keys == {"sk-a": "team-a", "sk-b": "team-b"}
+    flags = ["--prefill", "http://p", "--decode", "http://d"]
+    from_env = load_config(flags, environ={"CARRYOVER_API_KEYS_FILE": str(secret)})
+    assert from_env.api_keys == {"sk-b": "team-b"}
+    secret.write_text('["not", "a", "mapping"]')
+    with pytest.raises(ConfigError, match="api_keys_file"):
+        load_config(flags, environ={"CARRYOVER_API_KEYS_FILE": str(secret)})
