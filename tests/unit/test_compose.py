@@ -165,14 +165,52 @@ def test_the_sentinel_profile_watches_a_primary_and_replica_with_three_sentinels
     assert router["deploy"]["replicas"] == 2  # two routers share it
 
 
-def test_only_routers_are_published(compose: dict[str, Any]) -> None:
+def test_only_routers_and_grafana_are_published(compose: dict[str, Any]) -> None:
     assert compose["networks"]["engines"]["internal"] is True
     for name, service in compose["services"].items():
         if name.startswith("router"):
             assert service["ports"] == ["8000-8001:8000"] and service["deploy"]["replicas"] == 2
+        elif name == "grafana":
+            assert service["ports"] == ["3000:3000"]
         else:
             assert "ports" not in service, f"{name} publishes a port"
             assert service["networks"] == ["engines"]
+
+
+def test_the_observability_profile_scrapes_every_router_and_engine_and_shows_the_dashboard(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    root = COMPOSE.parent
+    mounts = {
+        name: dict(v.rsplit(":", 1)[0].split(":", 1) for v in services[name]["volumes"])
+        for name in ("prometheus", "grafana")
+    }
+    for name, volumes in mounts.items():
+        assert services[name]["profiles"] == ["observability"]
+        for source in volumes:
+            assert (root / source).exists(), source
+    prometheus = yaml.safe_load((root / "deploy/prometheus/prometheus.yml").read_text())
+    scraped = {
+        job["job_name"]: {n for sd in job["dns_sd_configs"] for n in sd["names"]}
+        for job in prometheus["scrape_configs"]
+    }
+    routers = {n for n, s in services.items() if s.get("command", [None])[0] == "serve"}
+    engines = {
+        n
+        for n, s in services.items()
+        if "--kv-transfer-config" in s.get("command", []) or (s.get("command", [None])[0] == "sim")
+    }
+    assert scraped["carryover"] == routers and scraped["vllm"] == engines
+    datasource = yaml.safe_load(
+        (root / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]
+    assert datasource["url"] == "http://prometheus:9090" and datasource["type"] == "prometheus"
+    provider = yaml.safe_load(
+        (root / "deploy/grafana/provisioning/dashboards/carryover.yml").read_text()
+    )["providers"][0]
+    dashboard = mounts["grafana"]["./deploy/grafana/carryover.json"]
+    assert Path(dashboard).parent == Path(provider["options"]["path"])
 
 
 def test_dockerfile_runs_locked_and_unprivileged() -> None:
