@@ -175,9 +175,14 @@ async def test_records_epochs_and_held_counts_written_durably_survive_a_failover
     deployment = RedisSentinels(tmp_path / "sentinel")
     try:
         deployment.start()
-        store = RedisStore.from_url(deployment.url, namespace="t-failover", timeout=2.0)
+        # The durability rule on a replicated deployment's default: WAIT 1. A turn waits 50 ms
+        # for the replica by default; here the replica gets a second, so that a loaded machine
+        # does not turn an acknowledged write into an unacknowledged one (what this test asks
+        # is what survives the failover, not how fast the replica answers).
+        store = RedisStore.from_url(
+            deployment.url, namespace="t-failover", timeout=5.0, wait_timeout=1.0
+        )
         records = {f"c{i}": make_record(i + 1, decode="d0") for i in range(6)}
-        # The durability rule on a replicated deployment's default: WAIT 1.
         for name, record in records.items():
             assert (
                 await store.commit(ConversationKey("acme", "m", name), record, now=time.time())
