@@ -2,7 +2,7 @@
 
 Reads every router's ``/metrics`` twice, ``--since`` apart, and reports what happened in
 between, merged over the replicas (``--since 0``: one read, everything since the routers
-started). Markdown by default, ``--json`` for machines.
+started). Markdown by default, ``--json`` for machines, ``--png FILE`` to draw it too.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -39,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--since", type=parse_duration, default=parse_duration("15m"))
     p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
+    p.add_argument("--png", type=Path, metavar="FILE", help="also draw the report there")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         first = [scrape(url) for url in args.metrics]
@@ -58,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     report = summarize(
         samples, window_s=args.since if args.since > 0 else None, routers=len(args.metrics)
     )
+    if args.png is not None:
+        from router.report.plot import plot
+
+        plot(report, args.png)
     if args.json:
         data = msgspec.to_builtins(report)
         data["reused_share"] = report.reused_share

@@ -69,6 +69,8 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
         # Every router reads the same store: three handles, counted once.
         assert report["decode_held"][decode]["handles"] == 3
 
-        await asyncio.to_thread(report_main, [*urls, "--since", "0"])
+        image = tmp_path / "report.png"
+        await asyncio.to_thread(report_main, [*urls, "--since", "0", "--png", str(image)])
         text = capsys.readouterr().out
+        assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "| 3-5 | 3 |" in text and f"| {decode} | 3 |" in text
