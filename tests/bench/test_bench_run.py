@@ -81,13 +81,17 @@ def test_the_warm_arm_loads_expired_histories_from_the_shared_tier(tmp_path: Pat
         prefills=2,
         decodes=1,
         decode_ttl=6,
+        # No prefix cache on the engines (as after eviction): which P a turn lands on cannot
+        # decide what it computes; only the tier can spare P the history.
+        sim_flags=("--no-enable-prefix-caching",),
     )
     data = json.loads(Path(report["files"]["json"]).read_text())
     warm = data["arms"]["carryover-warm-no-index"]
     assert warm["failed"] == 0 and warm["answers_differing_from_baseline"] == 0
     assert warm["paths"] == {"cold-miss": 2, "warm": 4}, warm["paths"]
     # What P did not compute, it loaded from the tier (no handle was ever pulled).
-    loaded = warm["prompt_tokens_per_turn"]["prefill/external_kv_transfer"]
+    tokens = warm["prompt_tokens_per_turn"]
     cold = data["arms"]["carryover-no-reuse"]["prompt_tokens_per_turn"]
-    assert loaded > 0
-    assert warm["prompt_tokens_per_turn"]["prefill/local_compute"] < cold["prefill/local_compute"]
+    assert tokens["prefill/local_cache_hit"] == cold["prefill/local_cache_hit"] == 0
+    assert tokens["prefill/external_kv_transfer"] > 0
+    assert tokens["prefill/local_compute"] < cold["prefill/local_compute"]
