@@ -114,7 +114,7 @@ def multi_connector(
     server: LmcacheServer,
     *,
     mq_timeout: float = 60.0,
-    heartbeat: float = 60.0,
+    heartbeat: float = 30.0,
     **lmcache_extra: Any,
 ) -> dict[str, Any]:
     """An engine's ``--kv-transfer-config``: ``nixl`` (the tier's own NIXL config) first, then
@@ -132,6 +132,9 @@ def multi_connector(
             # One ping unanswered within this (10 s by default) puts the connector in degraded
             # mode, which fails the loads in flight; under vLLM 0.32's MultiConnector a failed
             # load kills the engine (docs/warm-tier.md). A starved server answers late here.
+            # But a dead server stalls the engine's step for about four heartbeats, and vLLM
+            # kills an engine whose step outlasts 300 s: 60 s took 259 s once, and over 300 s
+            # in a CI run. 30 s keeps both margins.
             "lmcache.mp.heartbeat_interval": heartbeat,
             **lmcache_extra,
         },
