@@ -37,12 +37,19 @@ def _cached(svc: TurnServices, prepared: Prepared, name: str) -> Cached | None:
 
 
 def _warm(svc: TurnServices, prepared: Prepared, name: str) -> tuple[WarmTier, int] | None:
-    """The warm tier ``name`` reaches and how many leading tokens of the prompt it holds."""
+    """The warm tier ``name`` reaches and how many leading tokens of the prompt it holds,
+    walked once per turn: every P of the model shares the tier."""
     prompt = _prompt(svc, prepared)
     if prompt is None or svc.kv is None:
         return None
     tier = svc.kv.warm.get(name)
-    return None if tier is None else (tier, tier.held(prompt))
+    if tier is None:
+        return None
+    key = f"\0warm:{tier.name}"  # no instance is named so
+    if key not in prepared.kv_cached:
+        prepared.kv_cached[key] = Cached(tier.held(prompt))
+    cached = prepared.kv_cached[key]
+    return tier, cached.tokens if cached is not None else 0
 
 
 def holding(svc: TurnServices, prepared: Prepared, *, warm: bool = False) -> Held:
