@@ -87,13 +87,13 @@ class RouterMetrics:
         self.up = Gauge(
             "carryover_instance_up",
             "1 if the instance answers health checks.",
-            ["instance", "role"],
+            ["server", "role"],
             registry=r,
         )
         self.breaker_open = Gauge(
             "carryover_breaker_open",
             "1 if the instance's circuit is open or half-open.",
-            ["instance"],
+            ["server"],
             registry=r,
         )
         self.handle_age = Histogram(
@@ -105,20 +105,20 @@ class RouterMetrics:
         self.held = Gauge(
             "carryover_decode_handles",
             "Handles of stored records whose KV blocks the decode instance holds.",
-            ["instance"],
+            ["server"],
             registry=r,
         )
         self.held_oldest = Gauge(
             "carryover_decode_handle_oldest_age_seconds",
             "Age of the oldest such handle (0 when there is none).",
-            ["instance"],
+            ["server"],
             registry=r,
         )
         self.held_expired = Counter(
             "carryover_decode_handles_expired_unused",
             "Stored handles that expired unclaimed (the conversation never came back or ended "
             "without DELETE); counted by the replica that noticed, so sum over replicas.",
-            ["instance"],
+            ["server"],
             registry=r,
         )
         self.unchecked = Counter(
@@ -139,7 +139,7 @@ class RouterMetrics:
             "carryover_instance_restarts",
             "Restarts of an instance this replica noticed (a new process start time, or refused "
             "connections before it answered again); a decode restart makes its records stale.",
-            ["instance", "role"],
+            ["server", "role"],
             registry=r,
         )
         self.render_check = Gauge(
@@ -153,7 +153,7 @@ class RouterMetrics:
         self.instance_in_flight = Gauge(
             "carryover_instance_in_flight",
             "Requests this router has in flight at the instance.",
-            ["instance"],
+            ["server"],
             registry=r,
         )
 

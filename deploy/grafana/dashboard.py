@@ -121,7 +121,7 @@ def build() -> Dashboard:
                 "short",
                 "Retries by cause (per second) and open circuit breakers.",
                 _query(f"sum by (cause) (rate(carryover_retries_total{RATE}))", "{{cause}}"),
-                _query("sum by (instance) (carryover_breaker_open)", "open: {{instance}}"),
+                _query("sum by (server) (carryover_breaker_open)", "open: {{server}}"),
             )
         )
         .with_panel(
@@ -141,7 +141,7 @@ def build() -> Dashboard:
                 "Handles held per decode instance",
                 "short",
                 "Stored handles whose blocks each D keeps pinned.",
-                _query("max by (instance) (carryover_decode_handles)", "{{instance}}"),
+                _query("max by (server) (carryover_decode_handles)", "{{server}}"),
             )
         )
         .with_panel(
@@ -150,8 +150,8 @@ def build() -> Dashboard:
                 "s",
                 "Age of the oldest stored handle per D (it expires at decoder_kv_blocks_ttl).",
                 _query(
-                    "max by (instance) (carryover_decode_handle_oldest_age_seconds)",
-                    "{{instance}}",
+                    "max by (server) (carryover_decode_handle_oldest_age_seconds)",
+                    "{{server}}",
                 ),
             )
         )
@@ -160,7 +160,7 @@ def build() -> Dashboard:
                 "KV-event index lag",
                 "s",
                 "Age of each engine's newest KV-event batch when the router applied it.",
-                _query("max by (instance) (carryover_kv_event_lag_seconds)", "{{instance}}"),
+                _query("max by (server) (carryover_kv_event_lag_seconds)", "{{server}}"),
             )
         )
         .with_panel(

@@ -13,37 +13,37 @@ class KvMetrics:
         self.blocks = Gauge(
             "carryover_kv_index_blocks",
             "Blocks the KV index holds for the instance (all tiers).",
-            ["instance"],
+            ["server"],
             registry=r,
         )
         self.events = Counter(
             "carryover_kv_events",
             "KV events applied to the index.",
-            ["instance"],
+            ["server"],
             registry=r,
         )
         self.skipped = Counter(
             "carryover_kv_events_skipped",
             "Stored blocks or events not indexed, by why.",
-            ["instance", "why"],
+            ["server", "why"],
             registry=r,
         )
         self.replays = Counter(
             "carryover_kv_event_replays",
             "Replays asked of the engine after a gap in its event sequence, by outcome.",
-            ["instance", "outcome"],
+            ["server", "outcome"],
             registry=r,
         )
         self.resets = Counter(
             "carryover_kv_index_resets",
             "Times an instance's entries were dropped, by cause.",
-            ["instance", "cause"],
+            ["server", "cause"],
             registry=r,
         )
         self.lag = Gauge(
             "carryover_kv_event_lag_seconds",
             "Age of the newest applied batch when it was applied (engine clock vs ours).",
-            ["instance"],
+            ["server"],
             registry=r,
         )
         self.cached_tokens = Counter(

@@ -1,8 +1,11 @@
-"""``carryover report --metrics URL [--metrics URL …] [--since 15m] [--json]``.
+"""``carryover report (--metrics URL … | --prometheus URL) [--since 15m] [--watch]``.
 
-Reads every router's ``/metrics`` twice, ``--since`` apart, and reports what happened in
-between, merged over the replicas (``--since 0``: one read, everything since the routers
-started). Markdown by default, ``--json`` for machines, ``--png FILE`` to draw it too.
+From the routers themselves: reads every router's ``/metrics`` twice, ``--since`` apart, and
+reports what happened in between, merged over the replicas (``--since 0``: one read,
+everything since the routers started). From a Prometheus server that scrapes them: the same
+report of the last ``--since``, at once. ``--watch`` prints one report per window until
+stopped (``--count N``: N of them). Markdown by default, ``--json`` for machines (one line per
+report), ``--png FILE`` to draw it too.
 """
 
 from __future__ import annotations
@@ -11,14 +14,15 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
 import msgspec
 
-from router.report.samples import delta, merge, scrape
-from router.report.summary import markdown, summarize
+from router.report.prometheus import PrometheusError, window
+from router.report.samples import Samples, delta, merge, scrape
+from router.report.summary import Report, markdown, summarize
 
 __all__ = ["main", "parse_duration"]
 
@@ -33,33 +37,38 @@ def parse_duration(text: str) -> float:
     return float(found.group(1)) * _UNITS[found.group(2)]
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="carryover report", description=__doc__)
-    p.add_argument(
-        "--metrics", action="append", required=True, metavar="URL", help="a router (repeat)"
-    )
-    p.add_argument("--since", type=parse_duration, default=parse_duration("15m"))
-    p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
-    p.add_argument("--png", type=Path, metavar="FILE", help="also draw the report there")
-    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        first = [scrape(url) for url in args.metrics]
-        if args.since > 0:
-            time.sleep(args.since)  # the window itself: the report is of what happens in it
-            second = [scrape(url) for url in args.metrics]
-            gauges = frozenset().union(*(g for _, g in second))
-            samples = merge(
-                delta(now, before, gauges)
-                for (now, _), (before, _) in zip(second, first, strict=True)
-            )
-        else:
-            samples = merge(now for now, _ in first)
-    except httpx.HTTPError as exc:
-        print(f"carryover report: cannot read metrics: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
-    report = summarize(
-        samples, window_s=args.since if args.since > 0 else None, routers=len(args.metrics)
-    )
+def _from_routers(
+    urls: list[str], since: float, watch: bool, sleep: Callable[[float], None]
+) -> Iterator[Report]:
+    earlier = [scrape(url) for url in urls]
+    if since <= 0:
+        yield summarize(merge(now for now, _ in earlier), window_s=None, routers=len(urls))
+        return
+    while True:
+        sleep(since)  # the window itself: the report is of what happens in it
+        later = [scrape(url) for url in urls]
+        gauges = frozenset().union(*(g for _, g in later))
+        samples: Samples = merge(
+            delta(now, before, gauges) for (now, _), (before, _) in zip(later, earlier, strict=True)
+        )
+        yield summarize(samples, window_s=since, routers=len(urls))
+        if not watch:
+            return
+        earlier = later
+
+
+def _from_prometheus(
+    url: str, match: str, since: float, watch: bool, sleep: Callable[[float], None]
+) -> Iterator[Report]:
+    while True:
+        found = window(url, since, match=match)
+        yield summarize(found.samples, window_s=since or None, routers=found.routers)
+        if not watch:
+            return
+        sleep(since)
+
+
+def _show(report: Report, args: argparse.Namespace, first: bool) -> None:
     if args.png is not None:
         from router.report.plot import plot
 
@@ -67,6 +76,56 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         data = msgspec.to_builtins(report)
         data["reused_share"] = report.reused_share
-        print(msgspec.json.encode(data).decode())
+        print(msgspec.json.encode(data).decode(), flush=True)
     else:
-        print(markdown(report), end="")
+        if not first:
+            print("\x1b[2J\x1b[H" if sys.stdout.isatty() else "", end="")
+        print(markdown(report), end="", flush=True)
+
+
+def main(argv: Sequence[str] | None = None, *, sleep: Callable[[float], None] = time.sleep) -> None:
+    """``sleep`` waits out a window (injected by tests)."""
+    p = argparse.ArgumentParser(prog="carryover report", description=__doc__)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--metrics", action="append", metavar="URL", help="a router (repeat)")
+    source.add_argument(
+        "--prometheus", metavar="URL", help="a Prometheus server that scrapes the routers"
+    )
+    p.add_argument(
+        "--match",
+        default="",
+        metavar="MATCHERS",
+        help='with --prometheus: label matchers of the fleet\'s series, e.g. job="carryover"',
+    )
+    p.add_argument("--since", type=parse_duration, default=parse_duration("15m"))
+    p.add_argument("--watch", action="store_true", help="a new report every --since")
+    p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N reports")
+    p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
+    p.add_argument("--png", type=Path, metavar="FILE", help="also draw the report there")
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.watch and args.since <= 0:
+        p.error("--watch needs a window: --since 30s, say")
+    if args.count is not None and (not args.watch or args.count < 1):
+        p.error("--count N goes with --watch, N ≥ 1")
+    if args.match and not args.prometheus:
+        p.error("--match goes with --prometheus")
+    reports = (
+        _from_prometheus(args.prometheus, args.match, args.since, args.watch, sleep)
+        if args.prometheus
+        else _from_routers(args.metrics, args.since, args.watch, sleep)
+    )
+    shown = 0
+    try:
+        for report in reports:
+            _show(report, args, first=shown == 0)
+            shown += 1
+            if args.count is not None and shown >= args.count:
+                break
+    except httpx.HTTPError as exc:
+        print(f"carryover report: cannot read metrics: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    except PrometheusError as exc:
+        print(f"carryover report: Prometheus refused the query: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+    except KeyboardInterrupt:  # the way out of --watch
+        return

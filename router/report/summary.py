@@ -19,6 +19,24 @@ __all__ = ["DecodeHeld", "Report", "TurnTtft", "markdown", "quantile", "summariz
 #: ``carryover_ttft_seconds``' turn label, in turn order (router.metrics.turn_bucket).
 TURN_BUCKETS = ("1", "2", "3-5", "6-10", "11-20", "21+")
 
+#: The series the report reads: what a Prometheus server is asked for.
+READ_COUNTERS = (
+    "carryover_ttft_seconds_bucket",
+    "carryover_turns_total",
+    "carryover_prompt_tokens_total",
+    "carryover_warm_tier_turns_total",
+    "carryover_warm_tier_tokens_total",
+    "carryover_store_errors_total",
+    "carryover_retries_total",
+    "carryover_handles_released_total",
+    "carryover_handles_left_to_expire_total",
+)
+READ_GAUGES = (
+    "carryover_decode_handles",
+    "carryover_decode_handle_oldest_age_seconds",
+    "carryover_in_flight",  # one series per router: counts the replicas
+)
+
 
 class TurnTtft(msgspec.Struct, frozen=True):
     turns: str
@@ -96,11 +114,14 @@ def _histogram(samples: Samples, name: str, label: str) -> dict[str, list[tuple[
 
 
 def _gauge(samples: Samples, name: str, label: str) -> dict[str, float]:
-    return {
-        dict(labels).get(label, ""): value
-        for (sample, labels), value in samples.items()
-        if sample == name
-    }
+    """A fleet gauge by one label: the largest value where replicas report it apart (series
+    from a Prometheus server keep their target labels)."""
+    largest: dict[str, float] = {}
+    for (sample, labels), value in samples.items():
+        if sample == name:
+            key = dict(labels).get(label, "")
+            largest[key] = max(value, largest.get(key, value))
+    return largest
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -129,8 +150,8 @@ def summarize(samples: Samples, *, window_s: float | None, routers: int) -> Repo
         return round(later / first, 2) if first and later is not None else None
 
     tokens = _by(samples, "carryover_prompt_tokens_total", "kind")
-    held = _gauge(samples, "carryover_decode_handles", "instance")
-    oldest = _gauge(samples, "carryover_decode_handle_oldest_age_seconds", "instance")
+    held = _gauge(samples, "carryover_decode_handles", "server")
+    oldest = _gauge(samples, "carryover_decode_handle_oldest_age_seconds", "server")
     return Report(
         window_s=window_s,
         routers=routers,

@@ -99,7 +99,7 @@ async def _ready(value: bool) -> bool:
 
 def sample(subscriber: EventSubscriber, name: str, **labels: str) -> float:
     registry: CollectorRegistry = subscriber.registry  # type: ignore[attr-defined]
-    return registry.get_sample_value(name, {"instance": "p0", **labels}) or 0.0
+    return registry.get_sample_value(name, {"server": "p0", **labels}) or 0.0
 
 
 async def test_what_was_published_before_the_subscription_comes_back_by_replay() -> None:
@@ -173,4 +173,4 @@ async def test_the_warm_tiers_chunks_are_the_tiers_and_outlive_an_engine_restart
         assert holds(subscriber.blocks, published[-1])
         assert tier.held(Prompt(chunk)) == 2 * SIZE
         registry: CollectorRegistry = subscriber.registry  # type: ignore[attr-defined]
-        assert registry.get_sample_value("carryover_kv_index_blocks", {"instance": "lmcache"}) == 1
+        assert registry.get_sample_value("carryover_kv_index_blocks", {"server": "lmcache"}) == 1

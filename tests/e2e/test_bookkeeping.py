@@ -18,7 +18,7 @@ async def in_flight(s: Stack, url: str) -> float:
     name = url.removeprefix("http://")
     metrics = await ascrape(s.client, s.router.url)
     # Absent: the router never sent it a request (a P out of rotation on a loaded machine).
-    return metrics.get(f"carryover_instance_in_flight{{instance={name}}}", 0.0)
+    return metrics.get(f"carryover_instance_in_flight{{server={name}}}", 0.0)
 
 
 async def test_a_client_leaving_mid_stream_leaves_nothing_in_flight(tmp_path: Path) -> None:

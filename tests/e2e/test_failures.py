@@ -55,7 +55,7 @@ async def until_router_sees(s: Stack, metric: str, value: float, what: str) -> N
 
 
 async def until_instance_up(s: Stack, url: str, role: str, up: bool) -> None:
-    metric = f"carryover_instance_up{{instance={netloc(url)},role={role}}}"
+    metric = f"carryover_instance_up{{role={role},server={netloc(url)}}}"
     await until_router_sees(s, metric, 1.0 if up else 0.0, f"{role} {url} up={up}")
 
 
@@ -141,7 +141,7 @@ async def test_restarted_decode_makes_records_stale(tmp_path: Path) -> None:
         await chat.turn()
         await s.client.post(s.decode[0].url + "/sim/faults", json={"restart": True})
         restarts = (
-            f"carryover_instance_restarts_total{{instance={netloc(s.decode[0].url)},role=decode}}"
+            f"carryover_instance_restarts_total{{role=decode,server={netloc(s.decode[0].url)}}}"
         )
         await until_router_sees(s, restarts, 1, "the router notices D's restart")
         assert await chat.turn() == "cold-expired"
@@ -195,7 +195,7 @@ async def test_slow_probes_take_a_decode_out_only_if_another_is_left(tmp_path: P
             what="the router keeps the last decode instance despite slow probes",
         )
         up = await ascrape(s.client, s.router.url)
-        assert up[f"carryover_instance_up{{instance={netloc(other.url)},role=decode}}"] == 1
+        assert up[f"carryover_instance_up{{role=decode,server={netloc(other.url)}}}"] == 1
         assert (await s.client.get(s.router.url + "/ready")).status_code == 200
         got = await chat_turn(s.client, s.router.url, [{"role": "user", "content": "hi there"}])
         assert got.status == 200, got.raw

@@ -92,7 +92,7 @@ async def test_a_decode_restart_is_one_epoch_for_every_router(
         first = await chat_turn(s.client, s.routers[0].url, messages, conversation_id=conversation)
         assert first.path == "cold-miss", first.raw
         await s.client.post(s.decode[0].url + "/sim/faults", json={"restart": True})
-        restarts = f"carryover_instance_restarts_total{{instance={decode},role=decode}}"
+        restarts = f"carryover_instance_restarts_total{{role=decode,server={decode}}}"
         for router in s.routers:
             await eventually(
                 lambda r=router: ascrape(s.client, r.url),

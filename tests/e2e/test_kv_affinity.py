@@ -28,7 +28,7 @@ async def local_hits(s: Stack, sim: SimServer) -> float:
 async def index_blocks(s: Stack) -> dict[str, float]:
     values = await ascrape(s.client, s.router.url)
     return {
-        name_of(sim): values.get(f"carryover_kv_index_blocks{{instance={name_of(sim)}}}", 0.0)
+        name_of(sim): values.get(f"carryover_kv_index_blocks{{server={name_of(sim)}}}", 0.0)
         for sim in (*s.prefill, *s.decode)
     }
 

@@ -25,8 +25,8 @@ async def held(
     async def read() -> tuple[float, float]:
         values = await ascrape(s.client, s.routers[router].url)
         return (
-            values.get(f"carryover_decode_handles{{instance={instance}}}", -1.0),
-            values.get(f"carryover_decode_handle_oldest_age_seconds{{instance={instance}}}", -1.0),
+            values.get(f"carryover_decode_handles{{server={instance}}}", -1.0),
+            values.get(f"carryover_decode_handle_oldest_age_seconds{{server={instance}}}", -1.0),
         )
 
     return await eventually(read, accept, what=f"router {router}'s view of {instance}")
@@ -100,7 +100,7 @@ async def test_handles_that_expire_unclaimed_are_counted_once_across_routers(
                 s.client, s.routers[i].url, messages, conversation_id=f"gone-{uuid.uuid4().hex}"
             )
             assert got.status == 200, got.raw
-        name = f"carryover_decode_handles_expired_unused_total{{instance={decode}}}"
+        name = f"carryover_decode_handles_expired_unused_total{{server={decode}}}"
 
         async def counted() -> list[float]:
             return [(await ascrape(s.client, r.url)).get(name, 0.0) for r in s.routers]

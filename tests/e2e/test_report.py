@@ -44,7 +44,7 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
 
         async def fleet_view() -> float:
             values = await ascrape(s.client, s.routers[1].url)
-            return values.get(f"carryover_decode_handles{{instance={decode}}}", -1.0)
+            return values.get(f"carryover_decode_handles{{server={decode}}}", -1.0)
 
         await eventually(fleet_view, lambda held: held == 3, what="the held handles are read")
         urls = [arg for r in s.routers for arg in ("--metrics", r.url)]
@@ -74,3 +74,50 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
         text = capsys.readouterr().out
         assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert "| 3-5 | 3 |" in text and f"| {decode} | 3 |" in text
+
+
+async def test_watch_prints_one_report_per_window_of_what_was_sent_in_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with stack(tmp_path, sim={"threshold": 16}) as s:
+        loop = asyncio.get_running_loop()
+        per_window = iter([2, 3])  # turns sent while each window is open
+        waited: list[float] = []
+
+        async def send(turns: int) -> None:
+            messages: list[dict[str, Any]] = []
+            for turn in range(turns):
+                messages.append({"role": "user", "content": TEXT.format(i=turn)})
+                got = await chat_turn(s.client, s.router.url, messages, stream=True)
+                assert got.status == 200, got.raw
+                messages.append({"role": "assistant", "content": got.content})
+
+        def window(seconds: float) -> None:  # the report's clock: a window is the traffic
+            waited.append(seconds)
+            asyncio.run_coroutine_threadsafe(send(next(per_window)), loop).result()
+
+        args = ["--metrics", s.router.url, "--since", "7s", "--watch", "--count", "2", "--json"]
+        await asyncio.to_thread(report_main, args, sleep=window)
+        lines = capsys.readouterr().out.splitlines()
+        reports = [json.loads(line) for line in lines]
+        assert waited == [7.0, 7.0]
+        assert [sum(r["turns_by_path"].values()) for r in reports] == [2, 3]
+        assert [r["window_s"] for r in reports] == [7.0, 7.0]
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--metrics", "http://x", "--since", "0", "--watch"], "--watch needs a window"),
+        (["--metrics", "http://x", "--count", "2"], "--count N goes with --watch"),
+        (["--metrics", "http://x", "--match", 'job="a"'], "--match goes with --prometheus"),
+        (["--metrics", "http://x", "--prometheus", "http://y"], "not allowed with"),
+    ],
+)
+def test_report_options_that_do_not_go_together_are_refused(
+    args: list[str], complaint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as refused:
+        report_main(args)
+    assert refused.value.code == 2
+    assert complaint in capsys.readouterr().err

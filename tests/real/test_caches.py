@@ -36,7 +36,7 @@ from tests.support.waiting import eventually
 pytestmark = pytest.mark.real
 
 SAID = "carryover_kv_cached_tokens_total{{leg={leg}}}"
-BLOCKS = "carryover_kv_index_blocks{{instance={name}}}"
+BLOCKS = "carryover_kv_index_blocks{{server={name}}}"
 
 
 def name(url: str) -> str:
@@ -103,7 +103,7 @@ async def test_the_kv_index_follows_vllms_own_events(
     assert r.status_code == 200, r.text
     output = r.json()["choices"][0]["token_ids"]
     history = len(prompt) + len(output) - 1  # what D ran and keeps
-    blocks = f"carryover_kv_index_blocks{{instance={d_name}}}"
+    blocks = f"carryover_kv_index_blocks{{server={d_name}}}"
     await eventually(
         lambda: ascrape(client, cached_router.url),
         lambda values: values.get(blocks, 0.0) >= history // BLOCK,
@@ -112,9 +112,7 @@ async def test_the_kv_index_follows_vllms_own_events(
     )
     router = await ascrape(client, cached_router.url)
     for why in ("undecodable", "unknown_event"):
-        assert (
-            router.get(f"carryover_kv_events_skipped_total{{instance={d_name},why={why}}}", 0) == 0
-        )
+        assert router.get(f"carryover_kv_events_skipped_total{{server={d_name},why={why}}}", 0) == 0
     suffix = (
         f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 40)}<|im_end|>\n<|im_start|>assistant\n"
     )

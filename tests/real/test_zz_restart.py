@@ -36,7 +36,7 @@ async def test_zz_decode_restart_makes_records_stale(
         _, d_url = urls(vllm_pair)
         d_name = d_url.removeprefix("http://")
         # The index holds what D kept of every turn of this tier (its pins last an hour).
-        blocks = f"carryover_kv_index_blocks{{instance={d_name}}}"
+        blocks = f"carryover_kv_index_blocks{{server={d_name}}}"
         held = await eventually(
             lambda: ascrape(client, router.url),
             lambda m: m.get(blocks, 0) >= 1,
@@ -45,8 +45,8 @@ async def test_zz_decode_restart_makes_records_stale(
         )
         await asyncio.to_thread(vllm_pair.restart)
         await asyncio.to_thread(vllm_pair.warm_up)
-        restarts = f"carryover_instance_restarts_total{{instance={d_name},role=decode}}"
-        resets = f"carryover_kv_index_resets_total{{cause=restart,instance={d_name}}}"
+        restarts = f"carryover_instance_restarts_total{{role=decode,server={d_name}}}"
+        resets = f"carryover_kv_index_resets_total{{cause=restart,server={d_name}}}"
         await eventually(
             lambda: ascrape(client, router.url),
             lambda m: m.get(restarts, 0) >= 1 and m.get(resets, 0) >= 1,

@@ -30,7 +30,7 @@ TEXT = """\
 carryover_turns_total{model="m",path="reuse"} 6
 carryover_turns_total{model="m",path="cold-miss"} 3
 # TYPE carryover_decode_handles gauge
-carryover_decode_handles{instance="d0"} 3
+carryover_decode_handles{server="d0"} 3
 # TYPE carryover_in_flight gauge
 carryover_in_flight 1
 # TYPE carryover_ttft_seconds histogram
