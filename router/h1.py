@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from router.errors import EngineFailed, EngineUnavailable
+from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
 
 __all__ = ["H1Response", "H1Wire"]
 
@@ -135,13 +135,19 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def wait(self) -> None:
-        """Until the parser or the socket has news."""
-        self._waiter = asyncio.get_running_loop().create_future()
+    async def wait(self, timeout: float | None = None) -> None:
+        """Until the parser or the socket has news; ``TimeoutError`` after ``timeout`` s
+        without any (one timer handle, not an ``asyncio.timeout`` scope: a stream waits
+        once per read, and most reads carry several events)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        expiry = None if timeout is None else loop.call_later(timeout, _expire, waiter)
         try:
-            await self._waiter
+            await waiter
         finally:
             self._waiter = None
+            if expiry is not None:
+                expiry.cancel()
 
     def take(self) -> list[bytes]:
         chunks, self.chunks, self.buffered = self.chunks, [], 0
@@ -174,6 +180,11 @@ class _Connection(asyncio.Protocol):
         self.closed = True
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class H1Response:
     """The response of one exchange; its body is read whole or line by line, once."""
 
@@ -202,7 +213,10 @@ class H1Response:
         finally:
             await self.close()
 
-    async def lines(self) -> AsyncIterator[str]:
+    async def lines(self, idle_timeout: float) -> AsyncIterator[str]:
+        """The body line by line; ``EngineTimeout`` once no byte came for ``idle_timeout``
+        seconds. The timer runs only while the socket is waited on: lines already read go out
+        without one."""
         connection = self._connection
         connection.streaming = True
         pending = b""
@@ -222,7 +236,10 @@ class H1Response:
                 if pending:
                     yield pending.rstrip(b"\r").decode()
                 return
-            await connection.wait()
+            try:
+                await connection.wait(idle_timeout)
+            except TimeoutError as exc:
+                raise EngineTimeout(f"{self._what} stalled for {idle_timeout:g} s") from exc
 
     async def close(self) -> None:
         if self._released:

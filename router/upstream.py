@@ -180,14 +180,6 @@ async def iter_sse(response: WireResponse, *, idle_timeout: float) -> AsyncItera
 
     Raises ``EngineFailed`` if the stream breaks and ``EngineTimeout`` if it stalls.
     """
-    lines = response.lines()
-    while True:
-        try:
-            async with asyncio.timeout(idle_timeout):
-                line = await anext(lines)
-        except StopAsyncIteration:
-            return
-        except TimeoutError as exc:
-            raise EngineTimeout(f"stream stalled for {idle_timeout:g} s") from exc
+    async for line in response.lines(idle_timeout):
         if line.startswith("data:"):
             yield line[5:].lstrip(" ")

@@ -26,8 +26,9 @@ class WireResponse(Protocol):
         """The whole body (then the connection goes back to the pool)."""
         ...
 
-    def lines(self) -> AsyncIterator[str]:
-        """The body line by line, without line endings."""
+    def lines(self, idle_timeout: float) -> AsyncIterator[str]:
+        """The body line by line, without line endings; ``EngineTimeout`` when the body
+        stalls for ``idle_timeout`` seconds."""
         ...
 
     async def close(self) -> None: ...

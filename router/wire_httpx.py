@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -39,9 +40,17 @@ class _HttpxResponse:
         finally:
             await self._response.aclose()
 
-    async def lines(self) -> AsyncIterator[str]:
+    async def lines(self, idle_timeout: float) -> AsyncIterator[str]:
+        lines = self._response.aiter_lines()
         try:
-            async for line in self._response.aiter_lines():
+            while True:
+                try:
+                    async with asyncio.timeout(idle_timeout):
+                        line = await anext(lines)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError as exc:
+                    raise EngineTimeout(f"{self._what} stalled for {idle_timeout:g} s") from exc
                 yield line
         except httpx.TransportError as exc:
             raise _httpx_error(exc, self._what) from exc
