@@ -7,16 +7,25 @@ import logging
 import os
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, get, post
-from litestar.types import ASGIApp
+from litestar import Request, Response, asgi, get
+from litestar.exceptions import MethodNotAllowedException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from router.answers import Answer, CancelOnDisconnect, EventStream
-from router.errors import CarryoverError, EngineUnavailable
+from router.errors import CarryoverError, ClientGone, EngineUnavailable
 from router.openai import ChatView, parse_body
-from router.services import conversation_key, json_response, resolve_model, services_of
+from router.services import (
+    Services,
+    conversation_key,
+    json_response,
+    resolve_model,
+    services_of,
+)
 from router.turn import TurnRequest
 
 __all__ = ["chat_completions", "completions", "models"]
@@ -38,24 +47,62 @@ def _conversation_hash(conversation_id: str) -> str:
     return hashlib.sha256(conversation_id.encode()).hexdigest()[:12]
 
 
-def _conversation_id(request: Request[Any, Any, Any], body: dict[str, Any]) -> str | None:
+def _conversation_id(
+    services: Services, headers: Mapping[str, str], body: dict[str, Any]
+) -> str | None:
     value: str | None = body.pop("conversation_id", None)
     if value is None:
-        for header in services_of(request).config.conversation_headers:
-            if header.lower() in request.headers:
-                value = request.headers[header.lower()]
+        for header in services.config.conversation_headers:
+            if header.lower() in headers:
+                value = headers[header.lower()]
                 break
     return value
 
 
-async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
-    services = services_of(request)
+def _headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name (ASGI servers lower-case them), the first
+    of repeated ones."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
+
+
+async def _body(receive: Receive, headers: Mapping[str, str], limit: int) -> bytes:
+    """The whole request body, refused past ``limit`` bytes (announced or received) as
+    Litestar itself refuses one."""
+    announced = headers.get("content-length", "")
+    if announced.isdigit() and int(announced) > limit:
+        raise RequestEntityTooLarge
+    chunks: list[bytes] = []
+    received = 0
+    while True:
+        event = await receive()
+        if event["type"] == "http.disconnect":
+            raise ClientGone("the client disconnected before its request arrived")
+        if event["type"] != "http.request":
+            continue
+        body = event.get("body", b"")
+        if body:
+            received += len(body)
+            if received > limit:
+                raise RequestEntityTooLarge
+            chunks.append(body)
+        if not event.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _generate(scope: Scope, receive: Receive, *, chat: bool) -> ASGIApp:
+    if scope.get("method") != "POST":  # a WebSocket scope has none
+        raise MethodNotAllowedException(headers={"Allow": "POST"})
+    services: Services = scope["litestar_app"].state.services
     if services.closing:
         raise EngineUnavailable("the router is shutting down")
-    tenant = services.auth.tenant(request.headers.get("authorization"))
-    raw = await request.body()
+    headers = _headers(scope)
+    tenant = services.auth.tenant(headers.get("authorization"))
+    raw = await _body(receive, headers, services.config.max_body_bytes)
     body, view = parse_body(raw, chat=chat, max_messages=services.config.max_messages)
-    conversation_id = _conversation_id(request, body)
+    conversation_id = _conversation_id(services, headers, body)
     model, model_name = resolve_model(services, view.model)
     key = None
     if conversation_id is not None:
@@ -63,12 +110,12 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
     turn = None
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")
-    request_id = request.headers.get("x-request-id") or _new_request_id()
+    request_id = headers.get("x-request-id") or _new_request_id()
     if len(request_id) > 128 or not request_id.isprintable():
         request_id = _new_request_id()
     conversation_hash = _conversation_hash(conversation_id) if conversation_id else None
     trace = services.tracing.turn(
-        request.headers,
+        headers,
         request_id=request_id,
         model=model_name,
         tenant=tenant,
@@ -96,7 +143,7 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
     try:
         # The turn runs up to its answer (non-streamed) or first chunk (streamed); a client
         # that goes away first cancels its engine calls: nobody would read the result.
-        with CancelOnDisconnect(request.receive):
+        with CancelOnDisconnect(receive):
             outcome = await services.runner.run(turn_request)
     except Exception as exc:
         error = type(exc).__name__
@@ -138,14 +185,19 @@ async def _generate(request: Request[Any, Any, Any], *, chat: bool) -> ASGIApp:
     return Answer(outcome.body, headers)
 
 
-@post("/v1/chat/completions", status_code=200)
-async def chat_completions(request: Request[Any, Any, Any]) -> ASGIApp:
-    return await _generate(request, chat=True)
+# The two hot endpoints are bare ASGI handlers: no Request object, signature model or
+# response handling per turn (bench/RESULTS.md, router overhead). Errors still go through
+# the app's exception handlers; the OpenAPI document is router.api_schema's.
+@asgi("/v1/chat/completions", copy_scope=False)
+async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
+    answer = await _generate(scope, receive, chat=True)
+    await answer(scope, receive, send)
 
 
-@post("/v1/completions", status_code=200)
-async def completions(request: Request[Any, Any, Any]) -> ASGIApp:
-    return await _generate(request, chat=False)
+@asgi("/v1/completions", copy_scope=False)
+async def completions(scope: Scope, receive: Receive, send: Send) -> None:
+    answer = await _generate(scope, receive, chat=False)
+    await answer(scope, receive, send)
 
 
 @get("/v1/models")

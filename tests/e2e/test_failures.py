@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -325,6 +326,30 @@ async def test_malformed_bytes_get_openai_errors(
     )
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == status
+
+
+async def test_a_body_over_the_limit_without_a_length_is_413_too(bad_input_stack: Stack) -> None:
+    s = bad_input_stack
+
+    async def chunks() -> AsyncIterator[bytes]:  # chunked: no Content-Length to refuse early
+        yield b'{"model": "sim-qwen3", "prompt": "'
+        for _ in range(8):
+            yield b"x" * 10_000
+        yield b'"}'
+
+    r = await s.client.post(s.router.url + "/v1/completions", content=chunks())
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["type"] == "RequestTooLargeError"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+async def test_other_methods_on_the_endpoints_are_an_openai_405(
+    bad_input_stack: Stack, method: str, path: str
+) -> None:
+    r = await bad_input_stack.client.request(method, bad_input_stack.router.url + path)
+    assert r.status_code == 405, r.text
+    assert r.json()["error"]["type"] == "MethodNotAllowedError"
 
 
 async def test_unknown_route_is_an_openai_404(bad_input_stack: Stack) -> None:
