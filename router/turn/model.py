@@ -112,6 +112,7 @@ class Prepared:
     sent: bool = False  # the claimed handle (or its release) went to P
     kv_prompt: Prompt | None = None  # the ids' chain keys for the KV index, made on first use
     kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
+    warm_cached: dict[str, int] = field(default_factory=dict)  # tokens held, by warm tier
     tokens: TokensPrompt | None = None  # tokens-only models only
 
     def spend_handle(self, path: TurnPath = TurnPath.COLD_ERROR) -> None:

@@ -45,11 +45,10 @@ def _warm(svc: TurnServices, prepared: Prepared, name: str) -> tuple[WarmTier, i
     tier = svc.kv.warm.get(name)
     if tier is None:
         return None
-    key = f"\0warm:{tier.name}"  # no instance is named so
-    if key not in prepared.kv_cached:
-        prepared.kv_cached[key] = Cached(tier.held(prompt))
-    cached = prepared.kv_cached[key]
-    return tier, cached.tokens if cached is not None else 0
+    tokens = prepared.warm_cached.get(tier.name)
+    if tokens is None:
+        tokens = prepared.warm_cached[tier.name] = tier.held(prompt)
+    return tier, tokens
 
 
 def holding(svc: TurnServices, prepared: Prepared, *, warm: bool = False) -> Held:

@@ -112,6 +112,8 @@ async def test_decode_breaking_mid_stream_gives_an_error_event(tmp_path: Path) -
             conversation_id="cut",
         )
         assert got.status == 200
+        # The three events D sent before the break reach the client, then the error, [DONE].
+        assert len(got.chunks) == 3 + 2, got.chunks
         assert got.chunks[-1] == "[DONE]"
         assert "error" in got.chunks[-2]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,7 +13,7 @@ import pytest
 
 from router.report.cli import main as report_main
 from tests.support.metrics import ascrape
-from tests.support.stack import chat_turn, stack
+from tests.support.stack import alternating_conversations, chat_turn, stack
 from tests.support.waiting import eventually
 
 TEXT = "Tell me, part {i}, how a lighthouse keeper spent the long winter nights on the rock. "
@@ -27,17 +26,7 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
     async with stack(tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}) as s:
         decode = urlsplit(s.decode[0].url).netloc
         # Three conversations of three streamed turns, each turn on the other router.
-        for c in range(3):
-            conversation = uuid.uuid4().hex
-            messages: list[dict[str, Any]] = []
-            for turn in range(3):
-                messages.append({"role": "user", "content": TEXT.format(i=turn) * 3})
-                router = s.routers[(c + turn) % 2]
-                got = await chat_turn(
-                    s.client, router.url, messages, stream=True, conversation_id=conversation
-                )
-                assert got.status == 200, got.raw
-                messages.append({"role": "assistant", "content": got.content})
+        await alternating_conversations(s, 3, 3, TEXT)
         # One non-streamed turn without a conversation: a path, but no streamed TTFT.
         plain = await chat_turn(s.client, s.router.url, [{"role": "user", "content": "Hi."}])
         assert plain.status == 200

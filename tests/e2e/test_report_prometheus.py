@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,27 +18,10 @@ from router.report.cli import main as report_main
 from router.report.prometheus import window
 from router.report.summary import summarize
 from tests.support.prometheus import Prometheus, prometheus
-from tests.support.stack import Stack, chat_turn, stack
+from tests.support.stack import alternating_conversations, stack
 
 TEXT = "Tell me, part {i}, how the ferry crossed the strait in the winter storms. "
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "carryover.json"
-
-
-async def conversations(s: Stack, count: int, turns: int) -> int:
-    """``count`` conversations of ``turns`` streamed turns, turn by turn on alternate routers;
-    returns the turns sent."""
-    for c in range(count):
-        conversation = uuid.uuid4().hex
-        messages: list[dict[str, Any]] = []
-        for turn in range(turns):
-            messages.append({"role": "user", "content": TEXT.format(i=turn) * 3})
-            router = s.routers[(c + turn) % len(s.routers)]
-            got = await chat_turn(
-                s.client, router.url, messages, stream=True, conversation_id=conversation
-            )
-            assert got.status == 200, got.raw
-            messages.append({"role": "assistant", "content": got.content})
-    return count * turns
 
 
 async def report(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
@@ -58,7 +40,7 @@ async def test_prometheus_gives_the_routers_report_and_exact_windows(
         stack(tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}) as s,
         prometheus(tmp_path / "prometheus", [r.url for r in s.routers], s.client) as prom,
     ):
-        sent = await conversations(s, count=2, turns=3)
+        sent = await alternating_conversations(s, 2, 3, TEXT)
         await prom.scraped("sum(carryover_turns_total)", sent, what="the first turns scraped")
         await prom.scraped("max(carryover_decode_handles)", 2, what="the held handles scraped")
 
@@ -72,7 +54,7 @@ async def test_prometheus_gives_the_routers_report_and_exact_windows(
         # A window that starts after those turns were scraped holds the later turns alone,
         # whole (a path seen for the first time in it too).
         middle = time.time()
-        later = await conversations(s, count=1, turns=4)
+        later = await alternating_conversations(s, 1, 4, TEXT)
         await prom.scraped(
             "sum(carryover_turns_total)", sent + later, what="the later turns scraped"
         )
@@ -84,12 +66,15 @@ async def test_prometheus_gives_the_routers_report_and_exact_windows(
         assert counted.prompt_tokens_reused > 0
 
         # The fleet's series narrowed by label matchers; a bad matcher is a clear error.
+        unnarrowed = await report(["--prometheus", prom.url, "--since", "0"], capsys)
         narrowed = await report(
             ["--prometheus", prom.url, "--since", "0", "--match", 'job="carryover"'], capsys
         )
-        assert narrowed["turns_by_path"] == {
-            k: v + counted.turns_by_path.get(k, 0) for k, v in direct["turns_by_path"].items()
-        } | {k: v for k, v in counted.turns_by_path.items() if k not in direct["turns_by_path"]}
+        assert narrowed == unnarrowed and sum(narrowed["turns_by_path"].values()) == sent + later
+        elsewhere = await report(
+            ["--prometheus", prom.url, "--since", "0", "--match", 'job="other"'], capsys
+        )
+        assert elsewhere["routers"] == 0 and not elsewhere["turns_by_path"]
         with pytest.raises(SystemExit) as refused:
             await asyncio.to_thread(
                 report_main, ["--prometheus", prom.url, "--match", "job=", "--since", "0"]
@@ -123,9 +108,9 @@ async def test_every_dashboard_query_runs_and_the_core_panels_show_the_traffic(
         decode = urlsplit(s.decode[0].url).netloc
         # Rates need a series' earlier value: one conversation creates them, scraped, then
         # the traffic the panels are read for.
-        first = await conversations(s, count=1, turns=3)
+        first = await alternating_conversations(s, 1, 3, TEXT)
         await prom.scraped("sum(carryover_turns_total)", first, what="the first turns scraped")
-        sent = first + await conversations(s, count=1, turns=3)
+        sent = first + await alternating_conversations(s, 1, 3, TEXT)
         await prom.scraped("sum(carryover_turns_total)", sent, what="the turns scraped")
         await prom.scraped("max(carryover_decode_handles)", 2, what="the held handles scraped")
 

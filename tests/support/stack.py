@@ -273,3 +273,21 @@ async def held_by(s: Stack, index: int = 0) -> list[str]:
     own state)."""
     state = (await s.client.get(s.decode[index].url + "/sim/state")).json()
     return list(state["held_requests"])
+
+
+async def alternating_conversations(s: Stack, count: int, turns: int, text: str) -> int:
+    """``count`` conversations of ``turns`` streamed turns, each turn on the next router
+    (``text`` formatted with the turn's number, three times, is the user message); returns
+    the turns sent."""
+    for c in range(count):
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = []
+        for turn in range(turns):
+            messages.append({"role": "user", "content": text.format(i=turn) * 3})
+            router = s.routers[(c + turn) % len(s.routers)]
+            got = await chat_turn(
+                s.client, router.url, messages, stream=True, conversation_id=conversation
+            )
+            assert got.status == 200, got.raw
+            messages.append({"role": "assistant", "content": got.content})
+    return count * turns
