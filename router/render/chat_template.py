@@ -1,7 +1,7 @@
 """A tokenizer plus its Jinja chat template, loaded from a folder of Hugging Face files.
 
-Renders exactly as ``transformers``' ``apply_chat_template`` does (same sandboxed Jinja
-environment, ``trim_blocks``/``lstrip_blocks``, ``tojson``), without importing transformers.
+Renders exactly as ``transformers``' ``apply_chat_template`` does (Jinja's immutable sandbox,
+``trim_blocks``/``lstrip_blocks``, ``tojson``), without importing transformers.
 Pure CPU work: callers in an event loop run it in a thread.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-import jinja2.sandbox
 from tokenizers import Tokenizer
 
+from router.render.sandbox import ChatTemplateSandbox
 from router.render.spans import SpanEncoder
 
 __all__ = ["ChatTemplate", "RenderInputError", "bundled_qwen3_dir"]
@@ -64,7 +64,7 @@ class ChatTemplate:
         template = config.get("chat_template")
         if not isinstance(template, str):
             raise FileNotFoundError(f"no chat_template in {folder}/tokenizer_config.json")
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        env = ChatTemplateSandbox(
             trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
         )
         env.filters["tojson"] = lambda value, **_: json.dumps(value, ensure_ascii=False)
