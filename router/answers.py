@@ -16,7 +16,7 @@ from types import TracebackType
 from litestar.types import Receive, Scope, Send
 
 from router.errors import ClientGone
-from router.turn import Relay
+from router.turn import DONE_FRAME, Relay
 
 __all__ = ["Answer", "CancelOnDisconnect", "EventStream"]
 
@@ -109,9 +109,18 @@ class EventStream:
         try:
             with CancelOnDisconnect(receive, raise_gone=False):
                 await send({"type": "http.response.start", "status": 200, "headers": self._headers})
-                async for chunk in self._chunks:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                chunks = self._chunks
+                await send({"type": "http.response.body", "body": chunks.first, "more_body": True})
+                ended = False
+                async for chunk in chunks.rest:
+                    # [DONE] is the turn's last frame: it goes out with the body's end, in
+                    # one write to the client.
+                    ended = chunk == DONE_FRAME
+                    await send(
+                        {"type": "http.response.body", "body": chunk, "more_body": not ended}
+                    )
+                if not ended:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             try:
                 await self._chunks.aclose()

@@ -2,16 +2,45 @@
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
+from typing import Any, Self
 
-__all__ = ["RouterMetrics", "turn_bucket"]
+import prometheus_client
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+
+__all__ = ["Counter", "Gauge", "Histogram", "RouterMetrics", "turn_bucket"]
+
+
+class _RemembersChildren:
+    """``labels(*values)`` looked up in a dict of the children already made: the library's
+    own call validates, converts and locks every time (about 3 µs), and a turn makes about
+    ten. Children are never removed here (no ``remove()`` or ``clear()``), so a remembered
+    child is always the registered one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._children: dict[tuple[object, ...], Self] = {}
+
+    def labels(self, *values: object, **by_name: object) -> Self:
+        if by_name:
+            return super().labels(*values, **by_name)  # type: ignore[misc, no-any-return]
+        child = self._children.get(values)
+        if child is None:
+            made: Self = super().labels(*values)  # type: ignore[misc]
+            child = self._children[values] = made
+        return child
+
+
+class Counter(_RemembersChildren, prometheus_client.Counter):
+    pass
+
+
+class Gauge(_RemembersChildren, prometheus_client.Gauge):
+    pass
+
+
+class Histogram(_RemembersChildren, prometheus_client.Histogram):
+    pass
+
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Time to first token is what the turn-by-turn report reads (router/report): a median is

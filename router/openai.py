@@ -93,6 +93,8 @@ def parse_body(
             raise BadRequest(
                 "prompt must be a non-empty string or list of token ids", param="prompt"
             )
-        if isinstance(view.prompt, list) and any(not 0 <= t <= MAX_TOKEN_ID for t in view.prompt):
+        if isinstance(view.prompt, list) and not (
+            min(view.prompt) >= 0 and max(view.prompt) <= MAX_TOKEN_ID
+        ):
             raise BadRequest(f"token ids must be between 0 and {MAX_TOKEN_ID}", param="prompt")
     return body, view

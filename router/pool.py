@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -103,11 +104,12 @@ class Instance:
     probe_failures: int = 0
     refused: bool = False  # connections were refused since the last good probe
 
-    @property
+    # Read several times a turn (picks, leases, metrics labels); the config never changes.
+    @functools.cached_property
     def name(self) -> str:
         return self.config.label
 
-    @property
+    @functools.cached_property
     def url(self) -> str:
         return self.config.url.rstrip("/")
 

@@ -15,7 +15,7 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 
 
-def parse_chunk(data: str) -> dict[str, Any]:
+def parse_chunk(data: bytes) -> dict[str, Any]:
     """One SSE ``data:`` payload from D; an error event or garbage is an ``EngineFailed``."""
     try:
         obj = _decoder.decode(data)
@@ -88,7 +88,7 @@ class DecodeOutput:
     def add_content(self, text: str) -> None:
         self._content.append(text)
 
-    def chunk(self, data: str) -> bytes:
+    def chunk(self, data: bytes) -> bytes:
         """One SSE ``data:`` payload from D, as the client gets it."""
         obj = parse_chunk(data)
         self.collect(obj)

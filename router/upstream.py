@@ -26,7 +26,7 @@ from router.wire import Wire, WireResponse
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["Fetched", "Upstream", "iter_sse"]
+__all__ = ["Fetched", "Upstream"]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -173,13 +173,3 @@ class Upstream:
             yield response
         finally:
             await response.close()
-
-
-async def iter_sse(response: WireResponse, *, idle_timeout: float) -> AsyncIterator[str]:
-    """The ``data:`` payloads of a server-sent event stream, ``[DONE]`` included.
-
-    Raises ``EngineFailed`` if the stream breaks and ``EngineTimeout`` if it stalls.
-    """
-    async for line in response.lines(idle_timeout):
-        if line.startswith("data:"):
-            yield line[5:].lstrip(" ")

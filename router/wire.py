@@ -26,9 +26,10 @@ class WireResponse(Protocol):
         """The whole body (then the connection goes back to the pool)."""
         ...
 
-    def lines(self, idle_timeout: float) -> AsyncIterator[str]:
-        """The body line by line, without line endings; ``EngineTimeout`` when the body
-        stalls for ``idle_timeout`` seconds."""
+    def events(self, idle_timeout: float) -> AsyncIterator[bytes]:
+        """The ``data:`` payloads of a server-sent event body (``[DONE]`` included; other
+        fields, comments and blank lines skipped); ``EngineTimeout`` when the body stalls for
+        ``idle_timeout`` seconds."""
         ...
 
     async def close(self) -> None: ...

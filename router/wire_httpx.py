@@ -40,7 +40,7 @@ class _HttpxResponse:
         finally:
             await self._response.aclose()
 
-    async def lines(self, idle_timeout: float) -> AsyncIterator[str]:
+    async def events(self, idle_timeout: float) -> AsyncIterator[bytes]:
         lines = self._response.aiter_lines()
         try:
             while True:
@@ -51,7 +51,8 @@ class _HttpxResponse:
                     return
                 except TimeoutError as exc:
                     raise EngineTimeout(f"{self._what} stalled for {idle_timeout:g} s") from exc
-                yield line
+                if line.startswith("data:"):
+                    yield line[5:].lstrip(" ").encode()
         except httpx.TransportError as exc:
             raise _httpx_error(exc, self._what) from exc
 

@@ -7,6 +7,8 @@ model name cannot make one tenant's conversation collide with another's).
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 __all__ = [
@@ -23,6 +25,10 @@ class InvalidIdentifier(ValueError):
     """An identifier (conversation id, tenant, model) that cannot name state."""
 
 
+#: What ``str.isspace`` calls whitespace: ``re``'s ``\s`` on a str pattern is the same set.
+_WHITESPACE = re.compile(r"\s")
+
+
 def validate_identifier(value: object, *, what: str = "conversation id") -> str:
     """Return ``value`` if it is a usable identifier, else raise :class:`InvalidIdentifier`.
 
@@ -34,7 +40,7 @@ def validate_identifier(value: object, *, what: str = "conversation id") -> str:
         raise InvalidIdentifier(f"{what} must not be empty")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidIdentifier(f"{what} is longer than {MAX_ID_LENGTH} characters")
-    if not value.isprintable() or any(ch.isspace() for ch in value):
+    if not value.isprintable() or _WHITESPACE.search(value):
         raise InvalidIdentifier(f"{what} must be printable and contain no whitespace")
     return value
 

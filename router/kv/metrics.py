@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from router.metrics import Counter, Gauge
 
 __all__ = ["KvMetrics"]
 

@@ -182,32 +182,32 @@ class Coalescer:
 
 
 async def derendered_stream(
-    first: str, lines: AsyncIterator[str], coalescer: Coalescer, output: DecodeOutput
+    first: bytes, events: AsyncIterator[bytes], coalescer: Coalescer, output: DecodeOutput
 ) -> AsyncGenerator[bytes, None]:
     """SSE frames for the client from D's generate stream (``first`` already read), until
     D's ``[DONE]``; waiting tokens go out when their time is up even if D is silent."""
 
-    def parse(data: str) -> dict[str, Any]:
+    def parse(data: bytes) -> dict[str, Any]:
         obj = parse_chunk(data)
         output.collect(obj)
         return obj
 
-    async def next_line() -> str | None:
+    async def next_event() -> bytes | None:
         try:
-            return await anext(lines)
+            return await anext(events)
         except StopAsyncIteration:
             return None
 
-    if first != "[DONE]":
+    if first != b"[DONE]":
         for frame in await coalescer.feed(parse(first)):
             yield frame
     else:
         return
-    pending: asyncio.Task[str | None] | None = None
+    pending: asyncio.Task[bytes | None] | None = None
     try:
         while True:
             if pending is None:
-                pending = asyncio.ensure_future(next_line())
+                pending = asyncio.ensure_future(next_event())
             due = coalescer.due_in()
             if due is not None:
                 done, _ = await asyncio.wait({pending}, timeout=due)
@@ -217,7 +217,7 @@ async def derendered_stream(
                     continue
             data = await pending
             pending = None
-            if data is None or data == "[DONE]":
+            if data is None or data == b"[DONE]":
                 break
             for frame in await coalescer.feed(parse(data)):
                 yield frame

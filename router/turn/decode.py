@@ -29,11 +29,10 @@ from router.pool import Instance
 from router.relay import DecodeOutput
 from router.turn.api import engine_api
 from router.turn.commit import commit
-from router.turn.model import Prepared, Started, TurnPath, TurnRequest
+from router.turn.model import DONE_FRAME, Prepared, Started, TurnPath, TurnRequest
 from router.turn.placement import cached_on, holding, note_choice
 from router.turn.prefill import run_prefill
 from router.turn.services import TurnServices
-from router.upstream import iter_sse
 
 __all__ = ["complete", "stream"]
 
@@ -119,10 +118,10 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
                         headers=req.engine_headers,
                     )
                 )
-                lines = iter_sse(response, idle_timeout=svc.config.timeouts.first_byte)
-                first = await anext(lines)
+                events = response.events(svc.config.timeouts.first_byte)
+                first = await anext(events)
                 _release_unneeded(svc, req, unneeded)
-                return Started(decode, p_instance, lease, held, first=first, lines=lines)
+                return Started(decode, p_instance, lease, held, first=first, events=events)
             with svc.leg(req, "decode", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
                     url, body, timeout=svc.config.timeouts.request, headers=req.engine_headers
@@ -198,11 +197,11 @@ async def stream(
             started.lease.failed(exc)
             log.warning("decode stream failed mid-way: %s", exc.message)
             yield sse_error(exc)
-            yield b"data: [DONE]\n\n"
+            yield DONE_FRAME
             return
         finally:
             await frames.aclose()
         await engine_api(req.model).after_stream(svc, req, prepared, output, started.decode)
         await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
         svc.metrics.e2e.labels("true").observe(time.monotonic() - req.started)
-        yield b"data: [DONE]\n\n"
+        yield DONE_FRAME

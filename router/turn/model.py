@@ -16,6 +16,7 @@ from router.tracing import NO_TRACE, TurnTrace
 from state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
 
 __all__ = [
+    "DONE_FRAME",
     "Leg",
     "Prepared",
     "Relay",
@@ -128,7 +129,7 @@ class Prepared:
 
 @dataclass
 class Started:
-    """D has answered (``answer``) or begun streaming (``lines`` after ``first``). ``held``
+    """D has answered (``answer``) or begun streaming (``events`` after ``first``). ``held``
     owns the lease on D and the connection, whatever ends the turn."""
 
     decode: Instance
@@ -136,31 +137,25 @@ class Started:
     lease: Lease
     held: contextlib.AsyncExitStack
     answer: Any = None
-    first: str | None = None
-    lines: AsyncIterator[str] | None = None
+    first: bytes | None = None
+    events: AsyncIterator[bytes] | None = None
 
 
+#: A stream's last frame, always.
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True, slots=True)
 class Relay:
-    """A started stream: its first chunk, then the rest. ``aclose`` ends the turn's stream
-    (its lease, connection and span) even when iteration never began, which a generator
-    that never started cannot do."""
+    """A started stream: its first chunk, then the rest (read directly: one layer less per
+    event). ``aclose`` ends the turn's stream (its lease, connection and span) even when
+    ``rest`` was never read."""
 
-    def __init__(self, first: bytes, rest: AsyncGenerator[bytes, None]) -> None:
-        self._first: bytes | None = first
-        self._rest = rest
-
-    def __aiter__(self) -> Relay:
-        return self
-
-    async def __anext__(self) -> bytes:
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        return await anext(self._rest)
+    first: bytes
+    rest: AsyncGenerator[bytes, None]
 
     async def aclose(self) -> None:
-        self._first = None
-        await self._rest.aclose()
+        await self.rest.aclose()
 
 
 @dataclass

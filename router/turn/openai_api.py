@@ -92,10 +92,10 @@ class OpenAIApi:
         started: Started,
         output: DecodeOutput,
     ) -> AsyncGenerator[bytes, None]:
-        assert started.first is not None and started.lines is not None
+        assert started.first is not None and started.events is not None
         yield output.chunk(started.first)
-        async for data in started.lines:
-            if data == "[DONE]":
+        async for data in started.events:
+            if data == b"[DONE]":
                 break
             yield output.chunk(data)
 

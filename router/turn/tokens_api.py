@@ -82,7 +82,7 @@ class TokensApi:
         started: Started,
         output: DecodeOutput,
     ) -> AsyncGenerator[bytes, None]:
-        assert started.first is not None and started.lines is not None
+        assert started.first is not None and started.events is not None
         tokens = _tokens(prepared)
         mender = StreamMender(client_wants_ids=req.client_wants_ids, chat=req.chat)
         settings = req.model.tokens
@@ -98,7 +98,7 @@ class TokensApi:
             max_wait=0.0 if local else settings.stream_interval,
             logprob_tokenizer=_logprob_tokenizer(svc, req),
         )
-        frames = derendered_stream(started.first, started.lines, coalescer, output)
+        frames = derendered_stream(started.first, started.events, coalescer, output)
         try:
             async for frame in frames:
                 yield frame

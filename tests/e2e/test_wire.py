@@ -14,7 +14,7 @@ import pytest
 from router.config import Timeouts
 from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
 from router.h1 import H1Wire
-from router.upstream import Upstream, iter_sse
+from router.upstream import Upstream
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 
@@ -130,9 +130,9 @@ async def test_a_stream_yields_its_events_and_a_stall_is_a_timeout(upstream: Ups
         events = []
         async with upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
             with pytest.raises(EngineTimeout):
-                async for data in iter_sse(response, idle_timeout=0.3):
+                async for data in response.events(0.3):
                     events.append(data)
-        assert events == ['{"n": 1}', '{"n": 2}']
+        assert events == [b'{"n": 1}', b'{"n": 2}']
 
 
 async def test_a_stream_line_of_megabytes_arrives_whole(upstream: Upstream) -> None:
@@ -149,8 +149,8 @@ async def test_a_stream_line_of_megabytes_arrives_whole(upstream: Upstream) -> N
         await writer.drain()
 
     async with serving(sse) as url, upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
-        events = [data async for data in iter_sse(response, idle_timeout=2)]
-    assert events == [big.decode(), "[DONE]"]
+        events = [data async for data in response.events(2)]
+    assert events == [big, b"[DONE]"]
 
 
 def _answer(body: bytes, *extra: bytes) -> bytes:
@@ -249,11 +249,11 @@ async def test_a_stream_past_the_read_pause_arrives_in_order(upstream: Upstream)
 
     async with serving(sse) as url, upstream.stream(url + "/v1/x", {}, first_byte=2) as response:
         got = []
-        async for data in iter_sse(response, idle_timeout=5):
+        async for data in response.events(5):
             got.append(data[:6])
             if len(got) == 1:
                 await eventually(paused, what="the wire stops reading", interval=0.01)
-    assert got == [b"%06d".decode() % n for n in range(3000)]
+    assert got == [b"%06d" % n for n in range(3000)]
 
 
 async def test_idle_connections_past_the_keepalive_are_closed_not_reused() -> None:

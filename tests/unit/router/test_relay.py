@@ -20,7 +20,7 @@ def test_the_answer_text_of_the_first_choice_is_collected_from_a_body_and_a_stre
     assert whole.content == "fine"
     streamed = DecodeOutput(client_wants_ids=False)
     for delta in ({"role": "assistant", "content": ""}, {"content": "fi"}, {"content": "ne"}, {}):
-        streamed.chunk(json.dumps({"choices": [{"index": 0, "delta": delta}]}))
+        streamed.chunk(json.dumps({"choices": [{"index": 0, "delta": delta}]}).encode())
     assert streamed.content == "fine"
     tools = DecodeOutput(client_wants_ids=False)
     tools.body({"choices": [{"index": 0, "message": {"content": None, "tool_calls": []}}]})
@@ -47,7 +47,7 @@ def test_ids_the_router_asked_for_are_stripped_from_every_choice_not_only_the_fi
         [1, 2],
         [7],
     )
-    chunk = DecodeOutput(client_wants_ids=False).chunk(json.dumps(answer))
+    chunk = DecodeOutput(client_wants_ids=False).chunk(json.dumps(answer).encode())
     assert b"token_ids" not in chunk and b"kv_transfer_params" not in chunk
     kept = json.loads(DecodeOutput(client_wants_ids=True).body(json.loads(json.dumps(answer))))
     assert [c["token_ids"] for c in kept["choices"]] == [[7], [8]]

@@ -140,14 +140,14 @@ async def test_a_silent_engine_does_not_hold_waiting_tokens() -> None:
     )
     release = asyncio.Event()
 
-    async def lines() -> AsyncIterator[str]:
-        yield msgspec.json.encode(_gen([2])).decode()
+    async def events() -> AsyncIterator[bytes]:
+        yield msgspec.json.encode(_gen([2]))
         await release.wait()  # D is silent until the held token went out
-        yield msgspec.json.encode(_gen([3], finish="stop")).decode()
-        yield "[DONE]"
+        yield msgspec.json.encode(_gen([3], finish="stop"))
+        yield b"[DONE]"
 
     output = DecodeOutput(client_wants_ids=False)
-    stream = derendered_stream(msgspec.json.encode(_gen([1])).decode(), lines(), coalescer, output)
+    stream = derendered_stream(msgspec.json.encode(_gen([1])), events(), coalescer, output)
     got = [await anext(stream), await anext(stream)]
     assert _texts(got) == ["<1>", "<2>"]  # <2> went out while D was silent
     release.set()
