@@ -6,7 +6,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap redis-server prometheus vllm-env demo test test-fast test-vllm lint bench
+.PHONY: help bootstrap redis-server prometheus valgrind vllm-env demo test test-fast test-vllm lint bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -33,6 +33,15 @@ prometheus: ## make sure a prometheus binary exists (the report and dashboard te
 	    echo "prometheus is missing: install it (Debian/Ubuntu: sudo apt-get install prometheus)"; exit 1; \
 	  fi; }
 
+valgrind: ## make sure valgrind exists (the instructions benchmark and its test count with it)
+	@command -v valgrind >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing valgrind with apt"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null); \
+	  else \
+	    echo "valgrind is missing: install it (Debian/Ubuntu: sudo apt-get install valgrind)"; exit 1; \
+	  fi; }
+
 vllm-env: bootstrap ## build (once) the vLLM CPU environment, LMCache over it, and the tiny model
 	@$(UV) run python -c "from bench.real.launch import ensure_model; print(ensure_model())"
 	@$(UV) run python -c "from bench.real.lmcache import ensure_lmcache_env; print(ensure_lmcache_env())"
@@ -40,10 +49,10 @@ vllm-env: bootstrap ## build (once) the vLLM CPU environment, LMCache over it, a
 demo: bootstrap ## simulated P/D engines + router + in-process state: a turn-by-turn TTFT report
 	@$(UV) run carryover demo
 
-test: bootstrap redis-server prometheus vllm-env ## the whole suite (with the real-vLLM tier)
+test: bootstrap redis-server prometheus valgrind vllm-env ## the whole suite (with the real-vLLM tier)
 	@$(UV) run pytest $(PYTEST_ARGS)
 
-test-fast: bootstrap redis-server prometheus ## everything but the real-vLLM tier
+test-fast: bootstrap redis-server prometheus valgrind ## everything but the real-vLLM tier
 	@$(UV) run pytest -m "not real" $(PYTEST_ARGS)
 
 test-vllm: bootstrap redis-server vllm-env ## the real-vLLM tier alone

@@ -70,6 +70,13 @@ def _overhead(args: argparse.Namespace) -> None:
     )
 
 
+def _instructions(args: argparse.Namespace) -> None:
+    from bench.instructions import render_instructions, run_instructions
+
+    results = run_instructions(args.out, modes=args.modes, turns=args.turns, redis=args.redis)
+    print(render_instructions(results))
+
+
 def _replicas(args: argparse.Namespace) -> None:
     from bench.replicas import render, run_replicas
 
@@ -171,6 +178,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     o.add_argument("--decode-port", type=int, help="fixed port of the simulated D")
     o.add_argument("--out", type=Path, default=Path("results/overhead"))
     o.set_defaults(func=_overhead)
+    i = sub.add_parser("instructions", help="router instructions per turn, counted by callgrind")
+    i.add_argument(
+        "--modes", type=lambda t: t.split(","), default=["completions", "stream", "chat"]
+    )
+    i.add_argument("--turns", type=int, default=300, help="measured turns per mode")
+    i.add_argument("--redis", action="store_true", help="Redis state (a local redis-server)")
+    i.add_argument("--out", type=Path, default=Path("results/instructions"))
+    i.set_defaults(func=_instructions)
     r = sub.add_parser("replicas", help="one workload through 1, 2, 4, 8 router processes")
     r.add_argument("--routers", type=_ints, default=[1, 2, 4, 8])
     r.add_argument("--stores", type=lambda t: t.split(","), default=["redis", "cluster", "memory"])

@@ -42,7 +42,15 @@ from bench.procs import Process, Topology, topology
 from bench.proctree import cpu_seconds, listening_pid, rss_mb
 from bench.report import percentile
 
-__all__ = ["MODES", "Peer", "jobs_for", "parse_peer", "render_overhead", "run_overhead"]
+__all__ = [
+    "MODES",
+    "Peer",
+    "decode_sim_options",
+    "jobs_for",
+    "parse_peer",
+    "render_overhead",
+    "run_overhead",
+]
 
 MODES = ("completions", "stream", "chat")
 _CHAT_TURNS = 4
@@ -96,6 +104,16 @@ def jobs_for(mode: str, count: int, *, conversation: bool) -> list[Job]:
             body["conversation_id"] = uuid.uuid4().hex
         jobs.append(Job("/v1/completions", body))
     return jobs
+
+
+def decode_sim_options() -> dict[str, Any]:
+    """The simulated D's options. Every turn leaves its KV pinned on D for the TTL
+    (bidirectional transfer), and most turns here are conversations of one turn: a short TTL
+    and a large pool keep the tens of thousands of pins of a run from filling D."""
+    return {
+        "extra": ["--sim-num-blocks", str(_DECODE_BLOCKS)],
+        "extra_config": {"decoder_kv_blocks_ttl": _DECODE_TTL},
+    }
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -237,17 +255,7 @@ def run_overhead(
     with stack, topology() as topo:
         direct = topo.sim("direct", None, speed=0)
         p = topo.sim("prefill", "kv_producer", speed=0, port=prefill_port)
-        # Every turn leaves its KV pinned on D for the TTL (bidirectional transfer), and most
-        # turns here are conversations of one turn: a short TTL and a large pool keep the
-        # tens of thousands of pins of a run from filling D.
-        d = topo.sim(
-            "decode",
-            "kv_consumer",
-            speed=0,
-            port=decode_port,
-            extra=["--sim-num-blocks", str(_DECODE_BLOCKS)],
-            extra_config={"decoder_kv_blocks_ttl": _DECODE_TTL},
-        )
+        d = topo.sim("decode", "kv_consumer", speed=0, port=decode_port, **decode_sim_options())
         topo.wait()
         arms: list[tuple[str, list[str]]] = [("carryover", [])]
         if redis:
