@@ -16,7 +16,7 @@ from litestar.exceptions import MethodNotAllowedException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from router.answers import Answer, CancelOnDisconnect, EventStream
+from router.answers import Answer, DisconnectWatch, EventStream
 from router.errors import CarryoverError, ClientGone, EngineUnavailable
 from router.openai import ChatView, parse_body
 from router.services import (
@@ -92,7 +92,9 @@ async def _body(receive: Receive, headers: Mapping[str, str], limit: int) -> byt
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def _generate(scope: Scope, receive: Receive, *, chat: bool) -> ASGIApp:
+async def _generate(
+    scope: Scope, receive: Receive, watch: DisconnectWatch, *, chat: bool
+) -> ASGIApp:
     if scope.get("method") != "POST":  # a WebSocket scope has none
         raise MethodNotAllowedException(headers={"Allow": "POST"})
     services: Services = scope["litestar_app"].state.services
@@ -143,7 +145,7 @@ async def _generate(scope: Scope, receive: Receive, *, chat: bool) -> ASGIApp:
     try:
         # The turn runs up to its answer (non-streamed) or first chunk (streamed); a client
         # that goes away first cancels its engine calls: nobody would read the result.
-        with CancelOnDisconnect(receive):
+        with watch.guard(raise_gone=True):
             outcome = await services.runner.run(turn_request)
     except Exception as exc:
         error = type(exc).__name__
@@ -180,7 +182,7 @@ async def _generate(scope: Scope, receive: Receive, *, chat: bool) -> ASGIApp:
                 services.metrics.in_flight.set(services.in_flight)
                 trace.end()
 
-        return EventStream(outcome.chunks, headers, finish)
+        return EventStream(outcome.chunks, headers, finish, watch)
     assert outcome.body is not None
     return Answer(outcome.body, headers)
 
@@ -188,16 +190,23 @@ async def _generate(scope: Scope, receive: Receive, *, chat: bool) -> ASGIApp:
 # The two hot endpoints are bare ASGI handlers: no Request object, signature model or
 # response handling per turn (bench/RESULTS.md, router overhead). Errors still go through
 # the app's exception handlers; the OpenAPI document is router.api_schema's.
+async def _serve(scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+    watch = DisconnectWatch(receive)
+    try:
+        answer = await _generate(scope, receive, watch, chat=chat)
+        await answer(scope, receive, send)
+    finally:
+        watch.close()
+
+
 @asgi("/v1/chat/completions", copy_scope=False)
 async def chat_completions(scope: Scope, receive: Receive, send: Send) -> None:
-    answer = await _generate(scope, receive, chat=True)
-    await answer(scope, receive, send)
+    await _serve(scope, receive, send, chat=True)
 
 
 @asgi("/v1/completions", copy_scope=False)
 async def completions(scope: Scope, receive: Receive, send: Send) -> None:
-    answer = await _generate(scope, receive, chat=False)
-    await answer(scope, receive, send)
+    await _serve(scope, receive, send, chat=False)
 
 
 @get("/v1/models")

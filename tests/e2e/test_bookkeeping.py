@@ -50,6 +50,34 @@ async def test_a_client_leaving_mid_stream_leaves_nothing_in_flight(tmp_path: Pa
         )
 
 
+async def test_a_client_leaving_mid_stream_stops_the_relay_at_once(tmp_path: Path) -> None:
+    # Slowed decode steps: the whole answer would take about 28 s. Only a relay that is
+    # cancelled when the client leaves (not one that reads D to the end and drops what it
+    # sends) frees D's lease within the few seconds waited here.
+    async with stack(tmp_path, sim={"speed": 4.0}) as s:
+        body = {
+            "model": "sim-qwen3",
+            "messages": [{"role": "user", "content": TEXT}],
+            "max_tokens": 1000,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        async with (
+            httpx.AsyncClient(timeout=30) as client,
+            client.stream("POST", s.router.url + "/v1/chat/completions", json=body) as r,
+        ):
+            assert r.status_code == 200
+            seen = 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen == 3:
+                    break  # the relay is past its first chunk: leave
+        d = s.decode[0].url
+        await eventually(
+            lambda: in_flight(s, d), lambda n: n == 0, what="D's lease freed", timeout=8
+        )
+
+
 async def test_many_clients_leaving_at_random_points_leave_nothing_in_flight(
     tmp_path: Path,
 ) -> None:
