@@ -147,16 +147,16 @@ class EventStream:
                 await send({"type": "http.response.start", "status": 200, "headers": self._headers})
                 chunks = self._chunks
                 await send({"type": "http.response.body", "body": chunks.first, "more_body": True})
-                ended = False
+                last = b""
                 async for chunk in chunks.rest:
-                    # [DONE] is the turn's last frame: it goes out with the body's end, in
-                    # one write to the client.
-                    ended = chunk == DONE_FRAME
-                    await send(
-                        {"type": "http.response.body", "body": chunk, "more_body": not ended}
-                    )
-                if not ended:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    if chunk == DONE_FRAME:
+                        # The turn's last frame: it goes out with the body's end, in one write
+                        # to the client, once the relay has finished (its lease and connection
+                        # released before the client can see the response complete).
+                        last = chunk
+                        continue
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": last, "more_body": False})
         finally:
             try:
                 await self._chunks.aclose()
