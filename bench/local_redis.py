@@ -22,6 +22,7 @@ def local_redis() -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--set-proc-title", "no"]  # the environment stays readable (bench.redis_server)
         proc = subprocess.Popen(
             [*args, "--appendonly", "no", "--dir", workdir],
             stdout=subprocess.DEVNULL,

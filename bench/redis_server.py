@@ -12,6 +12,11 @@ from pathlib import Path
 
 from bench.ports import free_port
 
+#: Redis rewrites its process title over the memory that /proc/PID/environ shows, which hides
+#: the environment it was started with; a test run's watchdog finds its processes by a mark
+#: in that environment (tests/support/reaper.py). With the title left alone, it finds them.
+_KEEP_ENVIRONMENT = ("set-proc-title", "no")
+
 
 class RedisServer:
     """Args:
@@ -58,7 +63,13 @@ class RedisServer:
         if self.sentinel:
             config = self.workdir / "sentinel.conf"
             if not config.exists():  # a restart keeps what the Sentinel learned
-                lines = [f"port {self.port}", "bind 127.0.0.1", f"dir {self.workdir}", *self.extra]
+                lines = [
+                    f"port {self.port}",
+                    "bind 127.0.0.1",
+                    f"dir {self.workdir}",
+                    " ".join(_KEEP_ENVIRONMENT),
+                    *self.extra,
+                ]
                 config.write_text("\n".join(lines) + "\n")
             command = [self.binary, str(config), "--sentinel"]
         else:
@@ -73,6 +84,8 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.workdir),
+                f"--{_KEEP_ENVIRONMENT[0]}",
+                _KEEP_ENVIRONMENT[1],
                 *self.extra,
             ]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -6,7 +6,9 @@ vLLM with its engine-core children) then outlive it. This plugin marks the run: 
 unique ``CARRYOVER_TEST_RUN`` value into the environment, which every descendant inherits,
 and starts a watchdog in a session of its own. When the pytest process is gone (a pidfd
 becomes readable: no polling), the watchdog finds every process whose environment carries
-the mark, sends SIGTERM, and SIGKILL to what is left after a grace period.
+the mark, sends SIGTERM, and SIGKILL to what is left after a grace period. Programs that
+retitle themselves over their environment are asked not to: py-setproctitle by ``SPT_NOENV``
+here, redis-server by ``set-proc-title no`` (``bench/redis_server.py``).
 
 ``tests/conftest.py`` starts it for every run (so does ``-p tests.support.reaper``);
 ``python -m tests.support.reaper PID MARK`` is the watchdog.
@@ -28,6 +30,7 @@ import pytest
 
 MARK_VARIABLE = "CARRYOVER_TEST_RUN"
 GRACE_SECONDS = 10.0
+_KEEP_ENVIRONMENT = "SPT_NOENV"
 _WATCHDOG = pytest.StashKey[subprocess.Popen[bytes]]()
 
 
@@ -97,6 +100,9 @@ def start_watchdog(config: pytest.Config) -> None:
         return
     mark = uuid.uuid4().hex
     os.environ[MARK_VARIABLE] = mark
+    # py-setproctitle (vLLM titles its processes with it) writes the title over the memory
+    # /proc/PID/environ shows unless this is set: the mark would vanish with it.
+    os.environ[_KEEP_ENVIRONMENT] = "1"
     environment = {k: v for k, v in os.environ.items() if k != MARK_VARIABLE}
     watchdog = subprocess.Popen(
         [sys.executable, "-m", "tests.support.reaper", str(os.getpid()), mark],

@@ -87,3 +87,19 @@ def test_children_of_a_killed_run_die(tmp_path: Path, signum: signal.Signals) ->
             run.wait()
         if child and alive(child):  # the sweep failed: do not leave it behind
             os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sentinel", [False, True])
+def test_the_run_finds_its_redis_servers(tmp_path: Path, sentinel: bool) -> None:
+    # redis-server rewrites its process title over the memory /proc/PID/environ reads, which
+    # would hide the run's mark from the watchdog: a killed run would leave it running.
+    from bench.redis_server import RedisServer
+    from tests.support.reaper import MARK_VARIABLE, marked_pids
+
+    server = RedisServer(tmp_path / "redis", sentinel=sentinel)
+    server.start()
+    try:
+        assert server.process is not None
+        assert server.process.pid in marked_pids(os.environ[MARK_VARIABLE])
+    finally:
+        server.kill()
