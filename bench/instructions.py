@@ -53,7 +53,7 @@ def _callgrind_total(dump: Path) -> int:
 @contextlib.contextmanager
 def _router_under_callgrind(
     prefill: Process, decode: Process, flags: Sequence[str], out_dir: Path
-) -> Iterator[tuple[str, int, Path]]:
+) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
     port = free_port()
     dump = out_dir / "callgrind.out"
     argv = [
@@ -85,7 +85,7 @@ def _router_under_callgrind(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     try:
-        yield f"http://127.0.0.1:{port}", popen.pid, dump
+        yield f"http://127.0.0.1:{port}", popen, dump
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(popen.pid, signal.SIGTERM)
@@ -96,15 +96,14 @@ def _router_under_callgrind(
             popen.wait()
 
 
-def _wait_ready(url: str, popen_pid: int, timeout: float) -> None:
+def _wait_ready(url: str, popen: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url + "/ready", timeout=5).status_code == 200:
                 return
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(popen_pid, os.WNOHANG) != (0, 0):
-                raise RuntimeError("the router under callgrind exited; see valgrind.log")
+        if popen.poll() is not None:
+            raise RuntimeError("the router under callgrind exited; see valgrind.log")
         time.sleep(0.5)
     raise RuntimeError(f"the router under callgrind was not ready within {timeout:g} s")
 
@@ -149,9 +148,9 @@ def run_instructions(
         decode = topo.sim("decode", "kv_consumer", speed=0, **decode_sim_options())
         topo.wait()
         for mode in modes:
-            with _router_under_callgrind(prefill, decode, flags, out) as (url, pid, dump):
-                _wait_ready(url, pid, ready_timeout)
-                rows.append(_count(url, pid, dump, mode, turns))
+            with _router_under_callgrind(prefill, decode, flags, out) as (url, popen, dump):
+                _wait_ready(url, popen, ready_timeout)
+                rows.append(_count(url, popen.pid, dump, mode, turns))
     results = {"store": "redis" if redis else "memory", "rows": rows}
     (out / "instructions.json").write_text(json.dumps(results, indent=2))
     (out / "instructions.md").write_text(render_instructions(results))
