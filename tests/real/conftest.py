@@ -27,6 +27,7 @@ import pytest
 from bench.real.launch import EngineDied, VllmPair
 from bench.real.lmcache import LmcacheServer
 from bench.redis_server import RedisServer
+from tests.support.http import ResendStaleGets
 from tests.support.router_proc import RouterProcess
 
 pytestmark = pytest.mark.real
@@ -107,8 +108,8 @@ def cached_pair(engines: Engines) -> VllmPair:
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
     # vLLM closes idle connections after 5 s; a request sent on one at that moment is reset.
-    limits = httpx.Limits(keepalive_expiry=2)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as c:
+    transport = ResendStaleGets(limits=httpx.Limits(keepalive_expiry=2))
+    async with httpx.AsyncClient(timeout=600, transport=transport) as c:
         yield c
 
 

@@ -1,0 +1,70 @@
+"""The test client's resend of a GET whose pooled connection the server closed unanswered."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.support.http import ResendStaleGets
+from tests.support.ports import free_port
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bool:
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    if not line:
+        return False
+    await reader.readexactly(length)
+    return True
+
+
+@contextlib.asynccontextmanager
+async def closing_on_second_request() -> AsyncIterator[str]:
+    """Answers every connection's first request and closes it, unanswered, on the second:
+    what a server whose idle close crossed the client's reuse looks like from the client."""
+    port = free_port()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            if await _read_request(reader):
+                writer.write(OK)
+                await writer.drain()
+                await _read_request(reader)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_get_on_a_connection_closed_unanswered_is_sent_again() -> None:
+    resending = httpx.AsyncClient(transport=ResendStaleGets())
+    async with closing_on_second_request() as url, resending as client:
+        assert (await client.get(url)).text == "ok"
+        assert (await client.get(url)).text == "ok"  # the pooled one failed, a new one answered
+
+
+async def test_without_the_resend_the_same_get_fails() -> None:
+    async with closing_on_second_request() as url, httpx.AsyncClient() as client:
+        await client.get(url)
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.get(url)
+
+
+async def test_a_post_is_not_sent_again() -> None:
+    resending = httpx.AsyncClient(transport=ResendStaleGets())
+    async with closing_on_second_request() as url, resending as client:
+        await client.post(url, content=b"{}")
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.post(url, content=b"{}")
