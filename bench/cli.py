@@ -4,9 +4,11 @@ own throughput."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 from bench.multiturn import ARMS, run_arms
 from bench.report import Slo, render_markdown
@@ -203,4 +205,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     s.add_argument("--out", type=Path, default=Path("results/sim"))
     s.set_defaults(func=_sim_throughput)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    # SIGTERM's default action ends the process at once, skipping the ``finally`` that stops
+    # the engines and routers a benchmark started (they run in sessions of their own, so
+    # nothing else would); as an exception, it unwinds through them.
+    signal.signal(signal.SIGTERM, _unwind)
     args.func(args)
+
+
+def _unwind(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 
 from bench.ports import free_port
+from bench.redis_server import KEEP_ENVIRONMENT
 
 
 @contextlib.contextmanager
@@ -22,7 +23,7 @@ def local_redis() -> Iterator[str]:
     port = free_port()
     with tempfile.TemporaryDirectory() as workdir:
         args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--set-proc-title", "no"]  # the environment stays readable (bench.redis_server)
+        args += [f"--{KEEP_ENVIRONMENT[0]}", KEEP_ENVIRONMENT[1]]
         proc = subprocess.Popen(
             [*args, "--appendonly", "no", "--dir", workdir],
             stdout=subprocess.DEVNULL,

@@ -15,7 +15,7 @@ from bench.ports import free_port
 #: Redis rewrites its process title over the memory that /proc/PID/environ shows, which hides
 #: the environment it was started with; a test run's watchdog finds its processes by a mark
 #: in that environment (tests/support/reaper.py). With the title left alone, it finds them.
-_KEEP_ENVIRONMENT = ("set-proc-title", "no")
+KEEP_ENVIRONMENT = ("set-proc-title", "no")
 
 
 class RedisServer:
@@ -67,7 +67,7 @@ class RedisServer:
                     f"port {self.port}",
                     "bind 127.0.0.1",
                     f"dir {self.workdir}",
-                    " ".join(_KEEP_ENVIRONMENT),
+                    " ".join(KEEP_ENVIRONMENT),
                     *self.extra,
                 ]
                 config.write_text("\n".join(lines) + "\n")
@@ -84,8 +84,8 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.workdir),
-                f"--{_KEEP_ENVIRONMENT[0]}",
-                _KEEP_ENVIRONMENT[1],
+                f"--{KEEP_ENVIRONMENT[0]}",
+                KEEP_ENVIRONMENT[1],
                 *self.extra,
             ]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -40,7 +40,7 @@ class DisconnectWatch:
     cancels the second at once. ``close`` ends the watcher (the request's handler calls it
     last)."""
 
-    __slots__ = ("_cancelled", "_guarding", "_raise", "_receive", "_task", "_watcher", "left")
+    __slots__ = ("_cancelled", "_guarding", "_left", "_raise", "_receive", "_task", "_watcher")
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
@@ -49,7 +49,7 @@ class DisconnectWatch:
         self._guarding = False
         self._raise = True
         self._cancelled = False  # the guarded task was cancelled by this watch
-        self.left = False
+        self._left = False
 
     def guard(self, *, raise_gone: bool) -> DisconnectWatch:
         self._raise = raise_gone
@@ -63,7 +63,7 @@ class DisconnectWatch:
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(self._until_gone())
             self._watcher.add_done_callback(self._gone)
-        elif self.left:
+        elif self._left:
             self._cancel()
         return self
 
@@ -74,7 +74,7 @@ class DisconnectWatch:
     def _gone(self, watcher: asyncio.Future[None]) -> None:
         if watcher.cancelled() or watcher.exception() is not None:
             return
-        self.left = True
+        self._left = True
         if self._guarding:
             self._cancel()
 

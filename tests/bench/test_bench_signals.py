@@ -1,0 +1,50 @@
+"""A benchmark ended with SIGTERM (a CI timeout, ``kill``) stops the engines it started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.proctree import tree
+from tests.support.waiting import eventually_sync
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_stops_the_simulated_engines_a_benchmark_started(tmp_path: Path) -> None:
+    endless = ["bench", "sim", "--requests", "100000000", "--concurrency", "1"]
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "carryover", *endless, "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    engines: list[int] = []
+    try:
+        # The engines run in sessions of their own: only the benchmark's cleanup stops them.
+        engines = eventually_sync(
+            lambda: tree(bench.pid)[1:], what="the benchmark started its engine"
+        )
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=30) == 128 + signal.SIGTERM
+        eventually_sync(
+            lambda: [pid for pid in engines if _alive(pid)],
+            lambda alive: not alive,
+            what="the engines stopped",
+            timeout=20,
+        )
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        for pid in engines:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
