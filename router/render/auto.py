@@ -87,6 +87,11 @@ def probe_texts() -> list[str]:
     return ["<|im_start|>user\nplain text  with  spaces, ünïcode and 12345<|im_end|>\n"]
 
 
+#: Seconds between looks for P and the model's name while neither the check nor the
+#: health probes have run (two lookups in this process, no request).
+_UNKNOWN_POLL = 0.2
+
+
 class AutoRenderer:
     # What a request may carry and still be rendered (by one side or the other).
     renders = TOKENIZE_FIELDS
@@ -219,10 +224,14 @@ async def keep_checked(
     interval: float,
 ) -> None:
     """Run ``renderer.check`` whenever it is pending and a prefill instance and the model's
-    name are known; runs until cancelled."""
+    name are known; runs until cancelled. Until they are known (the first health probe brings
+    the name), it looks again every ``_UNKNOWN_POLL`` seconds, not every ``interval``: each
+    chat turn is rendered by P meanwhile."""
     while renderer.state is not RenderCheck.NO_LOCAL:
         if renderer.state is RenderCheck.PENDING:
             name, url = model_name(), prefill_url()
-            if name is not None and url is not None:
-                await renderer.check(name, url)
+            if name is None or url is None:
+                await asyncio.sleep(min(interval, _UNKNOWN_POLL))
+                continue
+            await renderer.check(name, url)
         await asyncio.sleep(interval)
