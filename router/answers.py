@@ -61,7 +61,8 @@ class DisconnectWatch:
         self._task = task
         self._guarding = True
         if self._watcher is None:
-            self._watcher = asyncio.ensure_future(self._until_gone())
+            # The guarded task's own loop (ensure_future would look the running loop up again).
+            self._watcher = task.get_loop().create_task(self._until_gone())
             self._watcher.add_done_callback(self._gone)
         elif self._left:
             self._cancel()

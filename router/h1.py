@@ -59,6 +59,8 @@ class _Connection(asyncio.Protocol):
     """One TCP connection and the exchange on it; the parser's callbacks fill it in."""
 
     def __init__(self) -> None:
+        # Looked up once per connection, not once per wait.
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
@@ -135,13 +137,19 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def wait(self, timeout: float | None = None) -> None:
+    async def wait(self, timeout: float | None = None, *, deadline: float | None = None) -> None:
         """Until the parser or the socket has news; ``TimeoutError`` after ``timeout`` s
-        without any (one timer handle, not an ``asyncio.timeout`` scope: a stream waits
-        once per read, and most reads carry several events)."""
-        loop = asyncio.get_running_loop()
+        without any, or at ``deadline`` (the loop's time). One timer handle rather than an
+        ``asyncio.timeout`` scope per exchange (a scope looks up the loop and the task and
+        reschedules; bench/RESULTS.md has what dropping them saved)."""
+        loop = self.loop
         waiter = self._waiter = loop.create_future()
-        expiry = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+        if deadline is not None:
+            expiry: asyncio.TimerHandle | None = loop.call_at(deadline, _expire, waiter)
+        elif timeout is not None:
+            expiry = loop.call_later(timeout, _expire, waiter)
+        else:
+            expiry = None
         try:
             await waiter
         finally:
@@ -193,12 +201,15 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 class H1Response:
     """The response of one exchange; its body is read whole or line by line, once."""
 
-    __slots__ = ("_connection", "_pool", "_released", "_what", "status")
+    __slots__ = ("_connection", "_deadline", "_pool", "_released", "_what", "status")
 
-    def __init__(self, connection: _Connection, pool: H1Wire, what: str) -> None:
+    def __init__(
+        self, connection: _Connection, pool: H1Wire, what: str, deadline: float | None
+    ) -> None:
         self._connection = connection
         self._pool = pool
         self._what = what
+        self._deadline = deadline
         self._released = False
         self.status = connection.status
 
@@ -211,7 +222,7 @@ class H1Response:
             while not connection.complete:
                 if connection.error is not None:
                     raise self._broke()
-                await connection.wait()
+                await connection.wait(deadline=self._deadline)
             if connection.error is not None:
                 raise self._broke()
             return b"".join(connection.take())
@@ -294,26 +305,34 @@ class H1Wire:
         return protocol
 
     async def send(
-        self, method: str, url: str, content: bytes | None, headers: Mapping[str, str], what: str
+        self,
+        method: str,
+        url: str,
+        content: bytes | None,
+        headers: Mapping[str, str],
+        what: str,
+        timeout: float | None = None,
     ) -> H1Response:
-        """Send and return once the response head arrived."""
+        """Send and return once the response head arrived. ``timeout`` starts once a
+        connection is at hand (a new one has the connect timeout of its own)."""
         if self._closed:
             raise EngineUnavailable("the router's engine client is closed")
         address, target = _target(url)
         connection = await self._checkout(address, what)
+        deadline = None if timeout is None else connection.loop.time() + timeout
         head = [method.encode("latin-1"), b" ", target]
         for name, value in headers.items():
             head.append(f"{name}: {value}\r\n".encode("latin-1"))
         if content is not None:
             head.append(b"Content-Length: %d\r\n" % len(content))
         head.append(b"\r\n")
-        response = H1Response(connection, self, what)
+        response = H1Response(connection, self, what, deadline)
         try:
             connection.send(b"".join(head), content)
             while not connection.head_done:
                 if connection.error is not None:
                     raise response._broke()
-                await connection.wait()
+                await connection.wait(deadline=deadline)
         except BaseException:
             await response.close()
             raise

@@ -10,7 +10,6 @@ clients.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -89,18 +88,17 @@ class Upstream:
         headers: Mapping[str, str],
         timeout: float,
     ) -> WireResponse:
-        """Send and wait for the response head; the wire maps its own errors."""
+        """Send and wait for the response head; the wire maps its own errors. ``timeout``
+        bounds the exchange up to the end of the body's ``read()``."""
         try:
-            async with asyncio.timeout(timeout):
-                return await self._wire.send(method, url, content, headers, url)
+            return await self._wire.send(method, url, content, headers, url, timeout)
         except TimeoutError as exc:
             raise EngineTimeout(f"{url} did not answer within {timeout:g} s") from exc
 
     @staticmethod
     async def _read(response: WireResponse, what: str, timeout: float) -> bytes:
         try:
-            async with asyncio.timeout(timeout):
-                return await response.read()
+            return await response.read()  # within the timeout the exchange was sent with
         except TimeoutError as exc:
             raise EngineTimeout(f"{what} did not finish within {timeout:g} s") from exc
         finally:
@@ -126,20 +124,12 @@ class Upstream:
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """POST JSON, return the decoded JSON body of a 2xx answer; ``timeout`` bounds the
-        whole exchange (one timer: this runs twice a turn)."""
-        response: WireResponse | None = None
-        try:
-            async with asyncio.timeout(timeout):
-                response = await self._wire.send(
-                    "POST", url, _encoder.encode(body), self._headers(headers), url
-                )
-                content = await response.read()
-        except TimeoutError as exc:
-            said = "answer" if response is None else "finish"
-            raise EngineTimeout(f"{url} did not {said} within {timeout:g} s") from exc
-        finally:
-            if response is not None:
-                await response.close()
+        whole exchange (one timer in the wire, no ``asyncio.timeout`` scope: this runs twice
+        a turn)."""
+        response = await self._send(
+            "POST", url, _encoder.encode(body), self._headers(headers), timeout
+        )
+        content = await self._read(response, url, timeout)
         if response.status >= 300:
             failed = _failed_body(content)
             raise EngineFailed(

@@ -23,7 +23,8 @@ class WireResponse(Protocol):
     status: int
 
     async def read(self) -> bytes:
-        """The whole body (then the connection goes back to the pool)."""
+        """The whole body (then the connection goes back to the pool); ``TimeoutError`` once
+        the exchange's ``timeout`` (given to ``send``) has passed."""
         ...
 
     def events(self, idle_timeout: float) -> AsyncIterator[bytes]:
@@ -37,10 +38,17 @@ class WireResponse(Protocol):
 
 class Wire(Protocol):
     async def send(
-        self, method: str, url: str, content: bytes | None, headers: Mapping[str, str], what: str
+        self,
+        method: str,
+        url: str,
+        content: bytes | None,
+        headers: Mapping[str, str],
+        what: str,
+        timeout: float | None = None,
     ) -> WireResponse:
         """Send and return once the response head arrived; ``what`` names the target in
-        errors."""
+        errors. ``timeout`` bounds the exchange from here to the end of ``read()``
+        (``TimeoutError``); a streamed body's reads have their own idle timeout."""
         ...
 
     async def aclose(self) -> None: ...

@@ -25,16 +25,18 @@ def _httpx_error(exc: httpx.TransportError, what: str) -> UpstreamError:
 
 
 class _HttpxResponse:
-    __slots__ = ("_response", "_what", "status")
+    __slots__ = ("_deadline", "_response", "_what", "status")
 
-    def __init__(self, response: httpx.Response, what: str) -> None:
+    def __init__(self, response: httpx.Response, what: str, deadline: float | None) -> None:
         self._response = response
         self._what = what
+        self._deadline = deadline
         self.status = response.status_code
 
     async def read(self) -> bytes:
         try:
-            return await self._response.aread()
+            async with asyncio.timeout_at(self._deadline):
+                return await self._response.aread()
         except httpx.TransportError as exc:
             raise _httpx_error(exc, self._what) from exc
         finally:
@@ -71,17 +73,26 @@ class HttpxWire:
         }
 
     async def send(
-        self, method: str, url: str, content: bytes | None, headers: Mapping[str, str], what: str
+        self,
+        method: str,
+        url: str,
+        content: bytes | None,
+        headers: Mapping[str, str],
+        what: str,
+        timeout: float | None = None,
     ) -> WireResponse:
         request = httpx.Request(
             method, url, content=content, headers=headers, extensions={"timeout": self._timeout}
         )
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         try:
-            response = await self._transport.handle_async_request(request)
+            async with asyncio.timeout_at(deadline):
+                response = await self._transport.handle_async_request(request)
         except httpx.TransportError as exc:
             raise _httpx_error(exc, what) from exc
         response.request = request
-        return _HttpxResponse(response, what)
+        return _HttpxResponse(response, what, deadline)
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -83,6 +83,27 @@ async def test_an_engine_that_never_answers_timed_out_and_was_sent_the_request(
         assert got.is_set()
 
 
+async def test_the_timeout_bounds_the_whole_exchange_head_and_body(upstream: Upstream) -> None:
+    """The head comes at once, the body stalls: the exchange still ends at its timeout,
+    counted from the send, not restarted for the body."""
+
+    async def stalls(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, done: asyncio.Event
+    ) -> None:
+        await _request_head(reader)
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"a":')
+        await writer.drain()
+        await done.wait()
+
+    async with serving(stalls) as url:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(EngineTimeout, match="did not finish within 0.5 s"):
+            await upstream.post_json(url + "/v1/x", {}, timeout=0.5)
+        # A failure bound, generous for a loaded machine: far from a timeout per phase or none.
+        assert loop.time() - started < 5
+
+
 async def test_a_body_cut_short_broke_off_and_an_error_status_keeps_its_message(
     upstream: Upstream,
 ) -> None:
