@@ -138,7 +138,6 @@ async def _generate(
         started_at=services.clock(),
     )
     services.in_flight += 1
-    services.metrics.in_flight.set(services.in_flight)
     started = time.perf_counter()
     outcome = None
     error: str | None = None
@@ -167,7 +166,6 @@ async def _generate(
             )
         if outcome is None or outcome.chunks is None:
             services.in_flight -= 1
-            services.metrics.in_flight.set(services.in_flight)
             trace.end(error)
     assert outcome is not None  # the watch raises ClientGone, it never swallows here
     headers = {_PATH_HEADER: str(outcome.path)} if services.config.expose_path_header else {}
@@ -179,7 +177,6 @@ async def _generate(
             if not done:
                 done = True
                 services.in_flight -= 1
-                services.metrics.in_flight.set(services.in_flight)
                 trace.end()
 
         return EventStream(outcome.chunks, headers, finish, watch)

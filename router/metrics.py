@@ -189,9 +189,6 @@ class RouterMetrics:
     def instance_up(self, name: str, role: str, up: bool) -> None:
         self.up.labels(name, role).set(1 if up else 0)
 
-    def breaker(self, name: str, state: str) -> None:
-        self.breaker_open.labels(name).set(0 if state == "closed" else 1)
-
     def render(self) -> bytes:
         data: bytes = generate_latest(self.registry)
         return data

@@ -160,6 +160,14 @@ class Lease:
         self._pool.failed(self.instance, error)
 
 
+def _in_flight(instance: Instance) -> float:
+    return instance.in_flight
+
+
+def _breaker_open(breaker: Breaker) -> float:
+    return 0 if breaker.state == "closed" else 1
+
+
 class InstancePool:
     def __init__(
         self, config: RouterConfig, upstream: Upstream, store: Store, metrics: RouterMetrics
@@ -175,10 +183,15 @@ class InstancePool:
                     breaker = Breaker(config.breaker_failures, config.breaker_reset)
                     self.instances.append(Instance(item, role, model, breaker))
         self.by_name = {i.name: i for i in self.instances}
-        # Looked up once: a lease sets its instance's gauge twice per request.
-        self._in_flight_gauges = {
-            i.name: metrics.instance_in_flight.labels(i.name) for i in self.instances
-        }
+        # Read when scraped, not set per request: a lease would set it twice, and every
+        # request's outcome would set the breaker's.
+        for instance in self.instances:
+            metrics.instance_in_flight.labels(instance.name).set_function(
+                functools.partial(_in_flight, instance)
+            )
+            metrics.breaker_open.labels(instance.name).set_function(
+                functools.partial(_breaker_open, instance.breaker)
+            )
         self._task: asyncio.Task[None] | None = None
         #: Called with an instance whose process restarted (what it held is gone).
         self.on_restart: list[Callable[[Instance], None]] = []
@@ -221,29 +234,23 @@ class InstancePool:
         when its circuit is open. Whatever ends the block (an answer, an error, a client that
         left, a cancellation), the count comes back down, and a trial that got no verdict
         (:meth:`Lease.succeeded` / :meth:`Lease.failed`) is given up for the next request."""
-        gauge = self._in_flight_gauges[instance.name]
         instance.in_flight += 1
-        gauge.set(instance.in_flight)
         trial = instance.breaker.begin()
         lease = Lease(self, instance)
         try:
             yield lease
         finally:
             instance.in_flight -= 1
-            gauge.set(instance.in_flight)
             if trial and not lease.decided:
                 instance.breaker.abandon_trial()
-                self._metrics.breaker(instance.name, instance.breaker.state)
 
     # -- outcomes of real requests feed the breaker ------------------------------------------
 
     def succeeded(self, instance: Instance) -> None:
         instance.breaker.success()
-        self._metrics.breaker(instance.name, instance.breaker.state)
 
     def failed(self, instance: Instance, error: UpstreamError) -> None:
         instance.breaker.failure(time.monotonic())
-        self._metrics.breaker(instance.name, instance.breaker.state)
         log.warning("instance %s failed: %s", instance.name, error.message)
 
     # -- background probing ------------------------------------------------------------------

@@ -41,6 +41,10 @@ class Services:
     in_flight: int = 0
     closing: bool = False
 
+    def __post_init__(self) -> None:
+        # Read when scraped: a request would otherwise set it twice.
+        self.metrics.in_flight.set_function(lambda: self.in_flight)
+
 
 def json_response(
     status: int, content: bytes, headers: dict[str, str] | None = None

@@ -13,6 +13,7 @@ from router.metrics import RouterMetrics
 from router.pool import Breaker, Instance, InstancePool
 from router.upstream import Upstream
 from state import MemoryStore
+from tests.support.metrics import parse
 
 
 def test_breaker_opens_half_opens_for_one_trial_and_closes() -> None:
@@ -71,3 +72,25 @@ def test_a_trial_with_a_verdict_closes_or_reopens_the_circuit() -> None:
     with pool.lease(decode) as lease:
         lease.succeeded()
     assert decode.breaker.state == "closed" and decode.in_flight == 0
+
+
+def test_a_scrape_reads_the_breaker_and_in_flight_counts_as_they_are() -> None:
+    """The gauges are read when scraped (no request sets them): a scrape between any two
+    events shows the state those events left."""
+    config = load_config(["--prefill", "http://p:1", "--decode", "http://d:1"], environ={})
+    metrics = RouterMetrics()
+    pool = InstancePool(config, cast(Upstream, None), MemoryStore(), metrics)
+    decode = next(i for i in pool.instances if i.role == "decode")
+
+    def scraped(name: str) -> float:
+        return parse(metrics.render().decode())[f"{name}{{server={decode.name}}}"]
+
+    assert scraped("carryover_breaker_open") == 0
+    for _ in range(config.breaker_failures):
+        pool.failed(decode, EngineFailed("refused"))
+    assert scraped("carryover_breaker_open") == 1
+    with pool.lease(decode) as lease:  # the trial
+        assert scraped("carryover_instance_in_flight") == 1
+        lease.succeeded()
+    assert scraped("carryover_instance_in_flight") == 0
+    assert scraped("carryover_breaker_open") == 0
