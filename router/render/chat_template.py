@@ -55,6 +55,37 @@ def _text_of(content: Any) -> str:
     raise RenderInputError("message content must be a string, a list of parts, or null")
 
 
+#: Stands in for an answer when finding where the template puts one: whitespace at both ends,
+#: quotes, angle brackets and an ampersand, so that a template that trims, escapes or quotes
+#: contents changes it (and then every warm-up renders the template).
+_ANSWER_MARK = ' \n"<&carryover-answer&>"\n '
+
+#: The frames kept, by chat_template_kwargs (a handful in practice: thinking on or off).
+_FRAMES_KEPT = 64
+
+
+def _frame_key(kwargs: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """A hashable key for ``kwargs``; ``None`` when a value is not hashable."""
+    if not kwargs:
+        return ()
+    key = tuple(sorted(kwargs.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _warm_messages(answer: str) -> list[dict[str, str]]:
+    # As in the next turn's history: an assistant message before the last user query (Qwen3's
+    # template, for one, renders such a message without its reasoning).
+    return [
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": ""},
+    ]
+
+
 class ChatTemplate:
     """Tokenizer and chat template of one model."""
 
@@ -73,6 +104,7 @@ class ChatTemplate:
         self.eos_token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.spans = SpanEncoder(self.tokenizer)
+        self._frames: dict[tuple[Any, ...], tuple[str, str] | None] = {}
 
     @classmethod
     def qwen3(cls) -> ChatTemplate:
@@ -125,22 +157,56 @@ class ChatTemplate:
         """Tokenize, ahead of the next turn, the span an assistant message with ``answer`` as
         its content renders to, so that turn only tokenizes its new message.
 
-        The answer is rendered between two empty user messages: as in the next turn's
-        history, it is an assistant message before the last user query (Qwen3's template,
-        for one, renders such a message without its reasoning). A template that refuses this
-        shape costs the warm-up, nothing else."""
-        messages = [
-            {"role": "user", "content": ""},
-            {"role": "assistant", "content": answer},
-            {"role": "user", "content": ""},
-        ]
+        The answer goes between two empty user messages (:func:`_warm_messages`). A template
+        that refuses this shape costs the warm-up, nothing else; so does a wrong guess of the
+        text (the span cache is keyed by text: an entry nobody asks for is never used)."""
+        if not self.spans.enabled:
+            return  # no span cache: nothing the next turn could reuse
+        text = self.warm_text(answer, chat_template_kwargs)
+        if text is not None:
+            self.spans.encode(text)
+
+    def warm_text(
+        self, answer: str, chat_template_kwargs: Mapping[str, Any] | None = None
+    ) -> str | None:
+        """What :func:`_warm_messages` renders to (``None``: the template refused it).
+
+        Most answers are plain text, and a template places plain text verbatim: the text
+        around a marker answer is found once per ``chat_template_kwargs`` and the answer put
+        in its place, which spares a render per turn. An answer holding an added token
+        (``<think>``, ``</think>``, ...), which templates parse, is rendered in full."""
+        key = _frame_key(chat_template_kwargs)
+        if key is not None and not self.spans.has_added_token(answer):
+            if key not in self._frames:
+                if len(self._frames) >= _FRAMES_KEPT:
+                    self._frames.clear()
+                self._frames[key] = self._frame(chat_template_kwargs)
+            frame = self._frames[key]
+            if frame is not None:
+                return frame[0] + answer + frame[1]
         try:
-            text = self.render_text(
-                messages, add_generation_prompt=False, chat_template_kwargs=chat_template_kwargs
+            return self.render_text(
+                _warm_messages(answer),
+                add_generation_prompt=False,
+                chat_template_kwargs=chat_template_kwargs,
             )
         except RenderInputError:
-            return
-        self.spans.encode(text)
+            return None
+
+    def _frame(self, chat_template_kwargs: Mapping[str, Any] | None) -> tuple[str, str] | None:
+        """The text before and after the marker answer, if the template kept it verbatim."""
+        try:
+            text = self.render_text(
+                _warm_messages(_ANSWER_MARK),
+                add_generation_prompt=False,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+        except RenderInputError:
+            return None
+        if text.count(_ANSWER_MARK) != 1:
+            return None
+        before, after = text.split(_ANSWER_MARK)
+        return before, after
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text``; spans between added tokens seen before are not tokenized again."""

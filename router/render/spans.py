@@ -42,6 +42,9 @@ class SpanEncoder:
         self.hits = 0
         self.misses = 0
 
+    def has_added_token(self, text: str) -> bool:
+        return self._split.search(text) is not None
+
     def _encode_whole(self, text: str) -> list[int]:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
         return ids

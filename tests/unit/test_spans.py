@@ -124,3 +124,45 @@ def test_a_warmed_answer_leaves_the_next_turn_only_its_new_message_to_tokenize()
     before = template.spans.misses
     assert template.encode(text) == whole(text)
     assert template.spans.misses - before == 1  # the new user message alone
+
+
+def rendered_warm_text(template: ChatTemplate, answer: str, kwargs: dict[str, Any]) -> str:
+    messages = [
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": ""},
+    ]
+    return template.render_text(messages, add_generation_prompt=False, chat_template_kwargs=kwargs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    answer=st.text(st.characters(codec="utf-8"), max_size=60)
+    | st.sampled_from(["<think>\nhm\n</think>\n\nYes.", "  padded  ", '"quoted" & <b>', ""]),
+    thinking=st.sampled_from([None, True, False]),
+)
+def test_the_warm_up_text_is_what_the_template_renders(answer: str, thinking: bool | None) -> None:
+    """The warm-up puts a plain answer into the text found around a marker instead of
+    rendering the template; for any answer it must be the text the template renders, or the
+    next turn's spans would miss the cache."""
+    template = qwen3()
+    kwargs = {} if thinking is None else {"enable_thinking": thinking}
+    assert template.warm_text(answer, kwargs) == rendered_warm_text(template, answer, kwargs)
+
+
+def test_a_plain_answer_is_warmed_without_rendering_the_template() -> None:
+    template = ChatTemplate.qwen3()  # its own frames
+    template.warm("first")  # finds the frame: one render
+    renders = 0
+    render_text = template.render_text
+
+    def counting(*args: Any, **kwargs: Any) -> str:
+        nonlocal renders
+        renders += 1
+        return render_text(*args, **kwargs)
+
+    template.render_text = counting  # type: ignore[method-assign]
+    template.warm("A plain answer.")
+    assert renders == 0
+    template.warm("<think>\nreasoning\n</think>\n\nAn answer the template parses.")
+    assert renders == 1
