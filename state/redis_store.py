@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from state import redis_scripts as scripts
 from state.channel import Channel
 from state.keys import ConversationKey
+from state.loops import Deadline, RunningLoop
 from state.records import Record
 from state.redis_values import decode_value, encode_value
 from state.resp import Arg, RespError, Script
@@ -123,6 +124,7 @@ class RedisStore:
         #: decode instances whose held indexes every record script gets (learned as met)
         self._instances: list[str] = []
         self._head: list[Arg] = [0]  #: the scripts' ARGV head: how many instances, their names
+        self._running = RunningLoop()
 
     @classmethod
     def from_url(
@@ -167,7 +169,7 @@ class RedisStore:
 
     async def _call(self, make: Callable[[], Awaitable[T]]) -> T:
         try:
-            async with asyncio.timeout(self._timeout):
+            async with Deadline(self._running(), self._timeout):
                 return await make()
         except (RespError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc

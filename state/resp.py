@@ -30,6 +30,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
+from state.loops import RunningLoop
+
 __all__ = [
     "Address",
     "Arg",
@@ -252,6 +254,7 @@ class RespChannel:
         self._connection: _Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
+        self._running = RunningLoop()
         # Built now: a CA or key that cannot be read is a startup error, not a cold turn.
         self._ssl = address.tls_files.context() if address.tls else None
 
@@ -324,7 +327,7 @@ class RespChannel:
         connection = self._connection
         if connection is None or connection.lost:
             return None
-        loop = asyncio.get_running_loop()
+        loop = self._running()
         if loop is not self._loop:  # made on another loop (a test's earlier asyncio.run)
             connection.close()
             return None
