@@ -69,6 +69,7 @@ def _overhead(args: argparse.Namespace) -> None:
         workers=args.workers,
         prefill_port=args.prefill_port,
         decode_port=args.decode_port,
+        rounds=args.rounds,
     )
 
 
@@ -176,6 +177,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     o.add_argument("--requests", type=_ints, default=[1000, 6000], help="turns per concurrency")
     o.add_argument("--workers", type=_ints, default=[1], help="Redis arms: uvicorn workers")
     o.add_argument("--no-redis", action="store_true", help="in-process state only")
+    o.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every arm this many times, in turns; report medians",
+    )
     o.add_argument("--prefill-port", type=int, help="fixed port of the simulated P")
     o.add_argument("--decode-port", type=int, help="fixed port of the simulated D")
     o.add_argument("--out", type=Path, default=Path("results/overhead"))

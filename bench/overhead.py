@@ -14,7 +14,8 @@ Reported per row: mean - direct (and first event - direct's first event when str
 p50/p99, turns/s, CPU seconds of the router's process tree per 1,000 turns; per arm, the
 tree's RSS at rest (after startup), after the load and at its peak. The engines and the load
 generator run on the same machine as the router: every figure is a ratio against the direct
-baseline or a peer measured in the same run, not an absolute.
+baseline or a peer measured in the same run, not an absolute. On a loud machine, ``rounds``
+measures every arm several times, the arms taking turns, and reports each figure's median.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import json
 import shlex
 import signal
+import statistics
 import subprocess
 import time
 import uuid
@@ -247,7 +249,13 @@ def run_overhead(
     workers: Sequence[int] = (1,),
     prefill_port: int | None = None,
     decode_port: int | None = None,
+    rounds: int = 1,
 ) -> dict[str, Any]:
+    """Every arm measured ``rounds`` times, the arms taking turns within each round (a loud
+    machine then slows all of them, not one); ``rows`` and ``memory`` hold each figure's
+    median over the rounds, ``round_rows`` every round's own."""
+    if rounds < 1:
+        raise ValueError("rounds must be at least 1")
     plan = list(zip(concurrency, requests, strict=True))
     rows: list[dict[str, Any]] = []
     memory: list[dict[str, Any]] = []
@@ -267,17 +275,20 @@ def run_overhead(
                 )
                 for n in workers
             ]
-        for name, flags in arms:
-            with _carryover(topo, name, p, d, flags) as target:
-                at_rest = rss_mb(target.pid) if target.pid else None
-                rows += _measure(target, direct, modes, plan)
-                memory.append(_memory(target, at_rest))
-        for peer in peers:
-            with _peer(peer, p, d, topo.log_dir) as target:
-                at_rest = rss_mb(target.pid) if target.pid else None
-                rows += _measure(target, direct, modes, plan)
-                memory.append(_memory(target, at_rest))
-    results = {"rows": rows, "memory": memory, "peers": [peer.name for peer in peers]}
+        for number in range(rounds):
+            for name, flags in arms:
+                with _carryover(topo, name, p, d, flags) as target:
+                    _measure_arm(target, direct, modes, plan, number, rows, memory)
+            for peer in peers:
+                with _peer(peer, p, d, topo.log_dir) as target:
+                    _measure_arm(target, direct, modes, plan, number, rows, memory)
+    results = {
+        "rows": _medians(rows, ("arm", "mode", "concurrency")),
+        "memory": _medians(memory, ("arm",)),
+        "peers": [peer.name for peer in peers],
+        "rounds": rounds,
+        "round_rows": rows,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "overhead.json").write_text(json.dumps(results, indent=2))
     report = render_overhead(results)
@@ -286,10 +297,47 @@ def run_overhead(
     return results
 
 
+def _measure_arm(
+    target: _Target,
+    direct: Process,
+    modes: Sequence[str],
+    plan: Sequence[tuple[int, int]],
+    number: int,
+    rows: list[dict[str, Any]],
+    memory: list[dict[str, Any]],
+) -> None:
+    at_rest = rss_mb(target.pid) if target.pid else None
+    rows += [{**row, "round": number} for row in _measure(target, direct, modes, plan)]
+    memory.append({**_memory(target, at_rest), "round": number})
+
+
+def _medians(rows: Sequence[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per ``key``, in first-seen order: each number the median of its rounds'."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in key), []).append(row)
+    merged = []
+    for group in groups.values():
+        row = {k: v for k, v in group[0].items() if k != "round"}
+        for name, value in row.items():
+            if name in key or not isinstance(value, int | float):
+                continue
+            values = [r[name] for r in group if r.get(name) is not None]
+            row[name] = statistics.median(values) if values else None
+        row["rounds"] = len(group)
+        merged.append(row)
+    return merged
+
+
 def render_overhead(results: dict[str, Any]) -> str:
     lines = [
         "# Router overhead (zero-delay simulated engines; engines, client and router share "
         "the machine's cores)",
+        *(
+            [f"Each figure is the median of {results['rounds']} rounds (the arms take turns)."]
+            if results.get("rounds", 1) > 1
+            else []
+        ),
         "",
         "| mode | arm | conc. | mean - direct | first event - direct | p50 / p99 | direct p50 "
         "| turns/s | CPU s / 1k turns |",
@@ -331,10 +379,17 @@ def _ratios(results: dict[str, Any]) -> list[str]:
             high = max(r["concurrency"] for r in mine)
             by = {r["concurrency"]: r for r in mine}
             if low in theirs and high in theirs:
+                mine_cpu = by[low].get("cpu_s_per_1000_turns")
+                their_cpu = theirs[low].get("cpu_s_per_1000_turns")
+                cpu = (
+                    f", CPU per turn at concurrency {low} x{mine_cpu / their_cpu:.2f}"
+                    if mine_cpu is not None and their_cpu
+                    else ""
+                )
                 out.append(
                     f"- {mode}, carryover against {peer}: p50 at concurrency {low} "
                     f"x{by[low]['router_p50_us'] / theirs[low]['router_p50_us']:.2f}, "
                     f"turns/s at {high} "
-                    f"x{by[high]['turns_per_s'] / theirs[high]['turns_per_s']:.2f}"
+                    f"x{by[high]['turns_per_s'] / theirs[high]['turns_per_s']:.2f}{cpu}"
                 )
     return out
