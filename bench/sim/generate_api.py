@@ -18,6 +18,7 @@ from aiohttp import web
 
 from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
 from bench.sim.http import SseSender, error, ok
+from bench.sim.responses import usage_of
 
 if TYPE_CHECKING:
     from bench.sim.server import SimServer
@@ -71,15 +72,6 @@ def _request(server: SimServer, body: dict[str, Any]) -> tuple[GenerationRequest
     return gen, f"generate-tokens-{request_id}"
 
 
-def _usage(gen: GenerationRequest, ids: list[int], finished: Finished) -> dict[str, Any]:
-    return {
-        "prompt_tokens": len(gen.prompt),
-        "completion_tokens": len(ids),
-        "total_tokens": len(gen.prompt) + len(ids),
-        "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
-    }
-
-
 async def generate(server: SimServer, request: web.Request) -> web.StreamResponse:
     fault = await server.faults_before()
     if fault is not None:
@@ -118,7 +110,7 @@ async def generate(server: SimServer, request: web.Request) -> web.StreamRespons
     answer = {
         **base,
         "output_mode": "tokens",
-        "usage": _usage(gen, ids, finished),
+        "usage": usage_of(gen, ids, finished),
         "prompt_logprobs": None,
         "prompt_token_ids": gen.prompt if with_ids else None,
         "kv_transfer_params": finished.kv_params,
@@ -178,7 +170,7 @@ async def _stream(
                         **base,
                         "output_mode": "tokens",
                         "choices": [],
-                        "usage": _usage(gen, ids, event),
+                        "usage": usage_of(gen, ids, event),
                     }
                 )
             await response.write(b"data: [DONE]\n\n")

@@ -8,17 +8,16 @@ import os
 import random
 import secrets
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from bench.sim.answers import split_reasoning
 from bench.sim.config import SimConfig
-from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
+from bench.sim.engine import EngineError, GenerationRequest, SimEngine
 from bench.sim.generate_api import generate
-from bench.sim.http import SseSender, error, ok, serve
+from bench.sim.http import error, ok, serve
+from bench.sim.responses import streamed_answer, whole_answer
 from router.render.chat_template import ChatTemplate, RenderInputError
 
 __all__ = ["SimServer"]
@@ -249,8 +248,16 @@ class SimServer:
         if body.get("stream"):
             options = body.get("stream_options") or {}
             include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            return await self._stream(request, gen, meta, include_usage)
-        return await self._complete(gen, meta)
+            return await streamed_answer(
+                request,
+                self.engine,
+                gen,
+                meta,
+                include_usage=include_usage,
+                streams_handles=self.config.streams_handles,
+                drop_after=lambda: self.faults.drop_stream_after,
+            )
+        return await whole_answer(self.engine, gen, meta)
 
     def _completion_prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str) and prompt:
@@ -264,190 +271,6 @@ class SimServer:
                 raise EngineError(400, "prompt token ids out of vocabulary")
             return list(prompt)
         raise EngineError(400, "prompt must be a non-empty string or a list of token ids")
-
-    async def _complete(self, gen: GenerationRequest, meta: dict[str, Any]) -> web.Response:
-        ids: list[int] = []
-        text = ""
-        finished: Finished | None = None
-        try:
-            async for event in self.engine.generate(gen):
-                if isinstance(event, Token):
-                    ids.append(event.token_id)
-                    text += event.text
-                else:
-                    finished = event
-        except EngineError as exc:
-            return error(exc.status, str(exc), exc.kind)
-        assert finished is not None
-        usage = self._usage(gen, ids, finished)
-        if meta["chat"]:
-            reasoning, content = split_reasoning(text) if gen.thinking else (None, text)
-            message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": []}
-            if gen.thinking:
-                message["reasoning_content"] = reasoning
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finished.reason,
-                "stop_reason": finished.stop_reason,
-            }
-            if meta["return_token_ids"]:
-                choice["token_ids"] = ids
-            body: dict[str, Any] = {
-                "id": meta["id"],
-                "object": "chat.completion",
-                "created": meta["created"],
-                "model": meta["model"],
-                "choices": [choice],
-                "usage": usage,
-                "prompt_logprobs": None,
-                "prompt_token_ids": gen.prompt if meta["return_token_ids"] else None,
-                "kv_transfer_params": finished.kv_params,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finished.reason,
-                "stop_reason": finished.stop_reason,
-                "prompt_logprobs": None,
-            }
-            if meta["return_token_ids"]:
-                choice["prompt_token_ids"] = gen.prompt
-                choice["token_ids"] = ids
-            body = {
-                "id": meta["id"],
-                "object": "text_completion",
-                "created": meta["created"],
-                "model": meta["model"],
-                "choices": [choice],
-                "usage": usage,
-                "kv_transfer_params": finished.kv_params,
-            }
-        return ok(body)
-
-    @staticmethod
-    def _usage(gen: GenerationRequest, ids: list[int], finished: Finished) -> dict[str, Any]:
-        return {
-            "prompt_tokens": len(gen.prompt),
-            "completion_tokens": len(ids),
-            "total_tokens": len(gen.prompt) + len(ids),
-            "prompt_tokens_details": {"cached_tokens": finished.cached_tokens},
-        }
-
-    async def _stream(
-        self,
-        request: web.Request,
-        gen: GenerationRequest,
-        meta: dict[str, Any],
-        include_usage: bool,
-    ) -> web.StreamResponse:
-        events = self.engine.generate(gen)
-        # Errors before the first token are plain HTTP errors, as in vLLM.
-        try:
-            first = await anext(events)
-        except EngineError as exc:
-            return error(exc.status, str(exc), exc.kind)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        sender = SseSender(request, response, lambda: self.faults.drop_stream_after)
-        send = sender.send
-        chat = meta["chat"]
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        base = {"id": meta["id"], "object": obj, "created": meta["created"], "model": meta["model"]}
-
-        if chat:
-            head: dict[str, Any] = {
-                **base,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-            if meta["return_token_ids"]:
-                head["prompt_token_ids"] = gen.prompt
-            await send(head)
-        ids: list[int] = []
-        text = ""
-        in_reasoning = False
-        sent_prompt_ids = chat
-
-        async def all_events() -> AsyncIterator[Token | Finished]:
-            yield first
-            async for event in events:
-                yield event
-
-        try:
-            async for event in all_events():
-                if isinstance(event, Token):
-                    ids.append(event.token_id)
-                    text += event.text
-                    delta: dict[str, Any]
-                    if chat:
-                        piece = event.text
-                        field = "content"
-                        if gen.thinking:
-                            if piece == "<think>":
-                                in_reasoning, piece = True, ""
-                            elif piece == "</think>":
-                                in_reasoning, piece = False, ""
-                            elif in_reasoning:
-                                field = "reasoning_content"
-                            elif "</think>" in text and not text.split("</think>", 1)[1].strip(
-                                "\n"
-                            ):
-                                piece = ""  # the newlines right after </think>
-                        delta = {field: piece}
-                        choice: dict[str, Any] = {
-                            "index": 0,
-                            "delta": delta,
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    else:
-                        choice = {
-                            "index": 0,
-                            "text": event.text,
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                        if meta["return_token_ids"] and not sent_prompt_ids:
-                            choice["prompt_token_ids"] = gen.prompt
-                            sent_prompt_ids = True
-                    if meta["return_token_ids"]:
-                        choice["token_ids"] = [event.token_id]
-                    await send({**base, "choices": [choice]})
-                else:
-                    end: dict[str, Any] = {
-                        "index": 0,
-                        "finish_reason": event.reason,
-                        "stop_reason": event.stop_reason,
-                        "logprobs": None,
-                    }
-                    if chat:
-                        end["delta"] = {}
-                    else:
-                        end["text"] = ""
-                    final: dict[str, Any] = {**base, "choices": [end]}
-                    if self.config.streams_handles:  # the finish chunk carries it from 0.33.0
-                        final["kv_transfer_params"] = event.kv_params
-                    await send(final)
-                    if include_usage:
-                        await send({**base, "choices": [], "usage": self._usage(gen, ids, event)})
-                    await response.write(b"data: [DONE]\n\n")
-        except EngineError as exc:
-            await sender.fail(str(exc), exc.kind, exc.status)
-        except ConnectionResetError:
-            await events.aclose()
-            return response
-        await response.write_eof()
-        return response
 
     # -- the rest of vLLM's surface ----------------------------------------------------------
 
