@@ -147,17 +147,14 @@ class EventStream:
             with self._watch.guard(raise_gone=False):
                 await send({"type": "http.response.start", "status": 200, "headers": self._headers})
                 chunks = self._chunks
-                await send({"type": "http.response.body", "body": chunks.first, "more_body": True})
-                last = b""
+                if chunks.first:  # empty: a stream that had no frame for the client
+                    body = chunks.first
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
                 async for chunk in chunks.rest:
-                    if chunk == DONE_FRAME:
-                        # The turn's last frame: it goes out with the body's end, in one write
-                        # to the client, once the relay has finished (its lease and connection
-                        # released before the client can see the response complete).
-                        last = chunk
-                        continue
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": last, "more_body": False})
+                # The relay is over (committed, its lease and connection released) before the
+                # client can see the response complete: [DONE] goes out with the body's end.
+                await send({"type": "http.response.body", "body": DONE_FRAME, "more_body": False})
         finally:
             try:
                 await self._chunks.aclose()

@@ -29,7 +29,7 @@ from router.pool import Instance
 from router.relay import DecodeOutput
 from router.turn.api import engine_api
 from router.turn.commit import commit
-from router.turn.model import DONE_FRAME, Prepared, Started, TurnPath, TurnRequest
+from router.turn.model import Prepared, Started, TurnPath, TurnRequest
 from router.turn.placement import cached_on, holding, note_choice
 from router.turn.prefill import run_prefill
 from router.turn.services import TurnServices
@@ -174,6 +174,8 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
 async def stream(
     svc: TurnServices, req: TurnRequest, prepared: Prepared
 ) -> AsyncGenerator[bytes, None]:
+    """The client's SSE frames; ``[DONE]`` is not among them (the response adds it once the
+    relay is over: after the commit, or after an error event)."""
     started = await _start(svc, req, prepared)
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
     frames = engine_api(req.model).frames(svc, req, prepared, started, output)
@@ -193,15 +195,13 @@ async def stream(
                     )
             started.lease.succeeded()
         except UpstreamError as exc:
-            # Mid-stream: the client gets an error event and [DONE], never a cut stream.
+            # Mid-stream: the client gets an error event (and [DONE]), never a cut stream.
             started.lease.failed(exc)
             log.warning("decode stream failed mid-way: %s", exc.message)
             yield sse_error(exc)
-            yield DONE_FRAME
             return
         finally:
             await frames.aclose()
         await engine_api(req.model).after_stream(svc, req, prepared, output, started.decode)
         await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
         svc.metrics.e2e.labels("true").observe(time.monotonic() - req.started)
-        yield DONE_FRAME

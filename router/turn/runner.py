@@ -69,7 +69,9 @@ class TurnRunner:
         try:
             if req.stream:
                 chunks = stream(svc, req, prepared)
-                first = await anext(chunks)  # P leg + D's first chunk: errors are HTTP errors
+                # P leg + D's first chunk: errors are HTTP errors. A stream with no frame
+                # at all (D's first event its [DONE]) is over, committed, and sends [DONE].
+                first = await anext(chunks, b"")
                 return TurnOutcome(prepared.path, chunks=Relay(first, chunks))
             body = await complete(svc, req, prepared)
         except asyncio.CancelledError:

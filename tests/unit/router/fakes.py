@@ -51,6 +51,7 @@ class FakeEngine:
     holds: dict[str, Handle] = field(default_factory=dict)  # D: pinned handles
     reads: list[str] = field(default_factory=list)  # P: handles it pulled
     releases: list[str] = field(default_factory=list)  # P: handles it released
+    answer: str = ANSWER  # D: what it generates
 
     @property
     def url(self) -> str:
@@ -157,7 +158,7 @@ class FakeFleet(httpx.AsyncBaseTransport):
         prompt = kv.get("prompt_token_ids") or body.get("prompt")
         if not isinstance(prompt, list):
             prompt = render(body["messages"]) if chat else encode(str(prompt))
-        output = encode(ANSWER)[:max_tokens]
+        output = encode(engine.answer)[:max_tokens]
         request_id = f"d-{next(self._ids)}"
         tokens = len(prompt) + len(output) - 1
         engine.holds[request_id] = Handle(tokens)

@@ -113,6 +113,20 @@ async def test_a_streamed_turn_is_derendered_and_its_handle_captured(rig: Tokens
     assert len(handles_sent_to_p(rig.p)) == 1
 
 
+async def test_a_stream_without_any_token_is_done_and_goes_on(rig: TokensRig) -> None:
+    # D's generate stream is its [DONE] alone: no frame for the client, still a whole turn.
+    rig.d.answer = ""
+    async with rig.client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"messages": history(1), "conversation_id": "c1", "stream": True},
+    ) as r:
+        assert r.status_code == 200
+        assert await r.aread() == b"data: [DONE]\n\n"
+    rig.d.answer = ANSWER
+    assert (await rig.chat(history(2))).status_code == 200
+
+
 async def test_a_failed_capture_leaves_the_streamed_turn_without_a_handle(rig: TokensRig) -> None:
     rig.d.fail_next = [0, 500]  # the stream is served, the capture fails
     assert await _stream(rig, history(1)) == ANSWER
