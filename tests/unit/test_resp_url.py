@@ -7,7 +7,7 @@ import ssl
 import pytest
 
 from state.redis_url import Topology, parse_redis_url
-from state.resp import Address, Tls, pack
+from state.resp import Address, Arg, Tls, pack
 from state.slots import SLOTS, key_slot, shard_tags
 
 
@@ -50,6 +50,14 @@ def test_pack_is_a_resp_array_of_bulk_strings() -> None:
     assert pack(["SET", "k", b"\x00v", 12, 1.5]) == (
         b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\x00v\r\n$2\r\n12\r\n$3\r\n1.5\r\n"
     )
+
+
+@pytest.mark.parametrize(
+    "value", [0.1, 1e20, -0.0, float("inf"), 2**70, -5, "é", "", b"\xff", True]
+)
+def test_pack_writes_every_value_as_str_would(value: Arg) -> None:
+    data = value if isinstance(value, bytes) else str(value).encode()
+    assert pack(["SET", value]) == b"*2\r\n$3\r\nSET\r\n$%d\r\n%b\r\n" % (len(data), data)
 
 
 @pytest.mark.parametrize(
