@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import time
 from collections import deque
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -77,13 +76,6 @@ class SimEngine(NixlTransfer):
         events = self.pool.take_events()
         if events and self.kv_events is not None:
             await self.kv_events.publish(events)
-
-    def now(self) -> float:
-        """This engine's monotonic clock (pins, leases and their deadlines live on it)."""
-        return time.monotonic() + self._clock_offset
-
-    def advance_clock(self, seconds: float) -> None:
-        self._clock_offset += seconds
 
     # -- lifecycle ---------------------------------------------------------------------------
 

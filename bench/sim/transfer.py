@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from bench.sim.config import SimConfig
@@ -36,9 +37,15 @@ class NixlTransfer:
     engine_id: str
     warm_tier: WarmTierClient | None
     _holds: dict[str, Hold]
+    # Seconds this engine's clock runs ahead of the host's (set by the engine).
+    _clock_offset: float
 
     def now(self) -> float:
-        raise NotImplementedError  # the engine's clock
+        """This engine's monotonic clock (pins, leases and their deadlines live on it)."""
+        return time.monotonic() + self._clock_offset
+
+    def advance_clock(self, seconds: float) -> None:
+        self._clock_offset += seconds
 
     def _cache_lookup(self, seq: EngineSequence) -> None:
         prompt = seq.request.prompt
