@@ -1,7 +1,9 @@
 """Render cost per turn: whole-prompt tokenization, span-by-span tokenization with the spans of
-earlier turns cached (router/render/spans.py), and the same with each answer's span tokenized
-after its turn, as the router does once a turn is committed (``ChatTemplate.warm``): what is
-left on the next turn's path. One run, the same conversations for all three.
+earlier turns cached (router/render/spans.py; new spans encoded as the router encodes them,
+through router/render/fast_bpe.py where the tokenizer allows), and the same with each answer's
+span tokenized after its turn, as the router does once a turn is committed
+(``ChatTemplate.warm``): what is left on the next turn's path. One run, the same conversations
+for all three.
 
     python -m bench.render_bench [--conversations 30] [--turns 10] [--system-tokens 200]
         [--user-tokens 800] [--answer-tokens 200]
@@ -28,7 +30,7 @@ def main() -> None:
     parser.add_argument("--answer-tokens", type=int, default=200)
     args = parser.parse_args()
     # One template (and so one span cache) per arm: the arms do not warm each other.
-    whole_t, spans_t, warmed_t = (ChatTemplate.qwen3() for _ in range(3))
+    whole_t, spans_t, warmed_t = (ChatTemplate.qwen3(fast_spans=True) for _ in range(3))
     # "template" and "tokens" split the warmed arm: the Jinja render, then the span encode.
     arms = ("whole", "spans", "warmed", "template", "tokens")
     times: dict[str, dict[int, list[float]]] = {

@@ -134,7 +134,7 @@ class LocalRenderer:
     renders = LOCAL_FIELDS
 
     def __init__(self, folder: Path) -> None:
-        self._template = ChatTemplate(folder)
+        self._template = ChatTemplate(folder, fast_spans=True)
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -17,15 +17,23 @@ from collections import OrderedDict
 
 from tokenizers import Tokenizer
 
+from router.render.fast_bpe import FastBpe
+
 __all__ = ["SpanEncoder"]
 
 
 class SpanEncoder:
     """``encode(text)`` equal to ``tokenizer.encode(text, add_special_tokens=False).ids``,
-    with the ids of every span between added tokens kept in an LRU bounded in characters."""
+    with the ids of every span between added tokens kept in an LRU bounded in characters.
 
-    def __init__(self, tokenizer: Tokenizer, max_chars: int = 16_000_000) -> None:
+    ``fast``, when given, encodes new spans in the tokenizer's stead (it must give the same
+    ids: :mod:`router.render.fast_bpe` checks that before it hands one out)."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, max_chars: int = 16_000_000, fast: FastBpe | None = None
+    ) -> None:
         self._tokenizer = tokenizer
+        self._fast = fast
         self.max_chars = max_chars
         added = tokenizer.get_added_tokens_decoder()
         self.enabled = bool(added) and not any(
@@ -79,10 +87,13 @@ class SpanEncoder:
         return found
 
     def _encode_new(self, spans: list[str]) -> dict[str, list[int]]:
-        # A turn usually brings two new spans (the last answer and the new message): one batch
-        # call lets the tokenizer encode them side by side.
-        batch = self._tokenizer.encode_batch_fast(spans, add_special_tokens=False)
-        encoded = [list(e.ids) for e in batch]
+        if self._fast is not None:
+            encoded = [self._fast.encode(span) for span in spans]
+        else:
+            # A turn usually brings two new spans (the last answer and the new message): one
+            # batch call lets the tokenizer encode them side by side.
+            batch = self._tokenizer.encode_batch_fast(spans, add_special_tokens=False)
+            encoded = [list(e.ids) for e in batch]
         with self._lock:
             self.misses += len(spans)
             for span, ids in zip(spans, encoded, strict=True):

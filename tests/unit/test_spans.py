@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.render.chat_template import ChatTemplate
+from router.render.chat_template import ChatTemplate, bundled_qwen3_dir
+from router.render.fast_bpe import fast_bpe_for
 from router.render.spans import SpanEncoder
 
 ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>"]
@@ -63,6 +64,16 @@ def test_any_text_encodes_as_the_tokenizer_does(text: str) -> None:
     assert encoder.enabled
     assert encoder.encode(text) == whole(text)
     assert encoder.encode(text) == whole(text)  # again, from the cache
+
+
+@settings(max_examples=300)
+@given(texts)
+def test_any_text_encodes_as_the_tokenizer_does_through_the_fast_encoder(text: str) -> None:
+    template = qwen3()
+    fast = fast_bpe_for(bundled_qwen3_dir(), template.tokenizer)
+    assert fast is not None
+    encoder = SpanEncoder(template.tokenizer, fast=fast)
+    assert encoder.encode(text) == whole(text)
 
 
 messages = st.lists(
