@@ -154,7 +154,7 @@ async def _stream(
     ids: list[int] = []
     held: list[int] = []  # the newest token waits: the last one goes out with the finish reason
     event: Token | Finished | None = first
-    try:
+    async with sender.ending(events):
         while event is not None:
             if isinstance(event, Token):
                 if held:
@@ -175,10 +175,4 @@ async def _stream(
                 )
             await response.write(b"data: [DONE]\n\n")
             break
-    except EngineError as exc:
-        await sender.fail(str(exc), exc.kind, exc.status)
-    except ConnectionResetError:
-        await events.aclose()
-        return response
-    await response.write_eof()
-    return response
+    return await sender.finish()

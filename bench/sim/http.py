@@ -3,11 +3,14 @@ aiohttp app served on a loopback port."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 from aiohttp import web
+
+from bench.sim.sequence import EngineError
 
 __all__ = ["SseSender", "error", "ok", "serve"]
 
@@ -49,6 +52,7 @@ class SseSender:
         self._response = response
         self._drop_after = drop_after
         self.sent = 0
+        self.cut = False
 
     async def send(self, payload: dict[str, Any]) -> None:
         drop = self._drop_after()
@@ -63,3 +67,20 @@ class SseSender:
         """An error event and ``[DONE]``: how vLLM ends a stream that failed mid-way."""
         failure = {"error": {"message": message, "type": kind, "code": code}}
         await self._response.write(b"data: " + _json.encode(failure) + b"\n\ndata: [DONE]\n\n")
+
+    @asynccontextmanager
+    async def ending(self, events: AsyncGenerator[Any, None]) -> AsyncIterator[None]:
+        """Ends the stream written inside as vLLM does: an engine error becomes an error event
+        and ``[DONE]``; a cut connection closes ``events`` (the sequence is aborted)."""
+        try:
+            yield
+        except EngineError as exc:
+            await self.fail(str(exc), exc.kind, exc.status)
+        except ConnectionResetError:
+            self.cut = True
+            await events.aclose()
+
+    async def finish(self) -> web.StreamResponse:
+        if not self.cut:
+            await self._response.write_eof()
+        return self._response

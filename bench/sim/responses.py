@@ -142,7 +142,7 @@ async def streamed_answer(
         async for event in events:
             yield event
 
-    try:
+    async with sender.ending(events):
         async for event in all_events():
             if isinstance(event, Token):
                 ids.append(event.token_id)
@@ -198,10 +198,4 @@ async def streamed_answer(
                 if include_usage:
                     await send({**base, "choices": [], "usage": usage_of(gen, ids, event)})
                 await response.write(b"data: [DONE]\n\n")
-    except EngineError as exc:
-        await sender.fail(str(exc), exc.kind, exc.status)
-    except ConnectionResetError:
-        await events.aclose()
-        return response
-    await response.write_eof()
-    return response
+    return await sender.finish()
