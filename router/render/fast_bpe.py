@@ -22,7 +22,6 @@ used if they differ in any id.
 
 from __future__ import annotations
 
-import json
 import logging
 import unicodedata
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import tiktoken
 from tokenizers import Tokenizer
 
@@ -143,14 +143,16 @@ def _byte_decoder() -> dict[str, int]:
 
 def _build(folder: Path, tokenizer: Tokenizer) -> FastBpe | None:
     path = folder / "tokenizer.json"
-    spec = json.loads(path.read_text())
+    spec = msgspec.json.decode(path.read_bytes())
     reason = refusal(spec)
     if reason is not None:
         log.info("spans of %s are encoded by the tokenizer: %s", path, reason)
         return None
-    byte_of = _byte_decoder()
+    # Each character of the byte-level alphabet stands for one byte: translated to the
+    # character of that code point, Latin-1 gives the bytes back (twice as fast as by byte).
+    to_latin1 = str.maketrans({char: chr(byte) for char, byte in _byte_decoder().items()})
     ranks = {
-        bytes(byte_of[c] for c in text): token_id
+        text.translate(to_latin1).encode("latin-1"): token_id
         for text, token_id in spec["model"]["vocab"].items()
     }
     pattern = _pattern(spec["pre_tokenizer"])
