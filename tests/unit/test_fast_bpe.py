@@ -47,6 +47,17 @@ def test_any_text_encodes_as_the_tokenizer_does(text: str) -> None:
     assert fast.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["a" * 20_000, "7" * 20_000, " " * 20_000, "日本語" * 5_000, "ab+/=" * 4_000],
+    ids=["letters", "digits", "spaces", "cjk", "base64-like"],
+)
+def test_long_runs_encode_as_the_tokenizer_does(text: str) -> None:
+    # Long single pieces are where a BPE implementation's merge loop shows its worst case.
+    tokenizer, fast = qwen3()
+    assert fast.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids
+
+
 def test_every_token_of_the_vocabulary_encodes_to_itself() -> None:
     # A token the fast encoder would split, or merge differently, shows up here first.
     tokenizer, fast = qwen3()
