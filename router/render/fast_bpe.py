@@ -4,9 +4,8 @@ tiktoken's shape.
 Hugging Face's ``tokenizers`` spends about 2 µs a token on a Qwen3 span here, most of it in
 offsets, alignments and per-call objects that a router never reads; tiktoken's core encodes the
 same text several times faster. The two agree only when the tokenizer is one tiktoken can
-express, which holds for the vocabularies converted from tiktoken files (Qwen2 and Qwen3, the
-GPT-4-style ones); :func:`fast_bpe_for` checks that shape in ``tokenizer.json`` and refuses
-anything else:
+express, as vocabularies converted from tiktoken files are (Qwen3's is);
+:func:`fast_bpe_for` checks that shape in ``tokenizer.json`` and refuses anything else:
 
 - the model is BPE without dropout, unknown token, byte fallback, or subword affixes;
 - the normalizer is NFC or none (applied here with ``unicodedata``);
