@@ -175,4 +175,4 @@ async def _stream(
                 )
             await response.write(b"data: [DONE]\n\n")
             break
-    return await sender.finish()
+    return response

@@ -52,7 +52,6 @@ class SseSender:
         self._response = response
         self._drop_after = drop_after
         self.sent = 0
-        self.cut = False
 
     async def send(self, payload: dict[str, Any]) -> None:
         drop = self._drop_after()
@@ -71,16 +70,13 @@ class SseSender:
     @asynccontextmanager
     async def ending(self, events: AsyncGenerator[Any, None]) -> AsyncIterator[None]:
         """Ends the stream written inside as vLLM does: an engine error becomes an error event
-        and ``[DONE]``; a cut connection closes ``events`` (the sequence is aborted)."""
+        and ``[DONE]``; a cut connection closes ``events`` (the sequence is aborted) and gets
+        no end of body."""
         try:
             yield
         except EngineError as exc:
             await self.fail(str(exc), exc.kind, exc.status)
         except ConnectionResetError:
-            self.cut = True
             await events.aclose()
-
-    async def finish(self) -> web.StreamResponse:
-        if not self.cut:
-            await self._response.write_eof()
-        return self._response
+            return
+        await self._response.write_eof()

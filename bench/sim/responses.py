@@ -198,4 +198,4 @@ async def streamed_answer(
                 if include_usage:
                     await send({**base, "choices": [], "usage": usage_of(gen, ids, event)})
                 await response.write(b"data: [DONE]\n\n")
-    return await sender.finish()
+    return response
