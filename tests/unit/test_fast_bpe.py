@@ -9,7 +9,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
@@ -44,6 +44,10 @@ texts = st.lists(st.one_of(st.text(max_size=20), tricky), max_size=20).map("".jo
 @given(texts)
 def test_any_text_encodes_as_the_tokenizer_does(text: str) -> None:
     tokenizer, fast = qwen3()
+    # Hypothesis also draws the literals of the code under test ("<think>", ...): an added
+    # token is the span encoder's to split off, never this encoder's input.
+    added = (token.content for token in tokenizer.get_added_tokens_decoder().values())
+    assume(not any(content in text for content in added))
     assert fast.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids
 
 
@@ -68,7 +72,8 @@ def test_every_token_of_the_vocabulary_encodes_to_itself() -> None:
     wrong = [
         token_id
         for token_id, text in decoded.items()
-        if "\ufffd" not in text and fast.encode(text) != tokenizer.encode(text).ids
+        if "\ufffd" not in text
+        and fast.encode(text) != tokenizer.encode(text, add_special_tokens=False).ids
     ]
     assert wrong == []
 
