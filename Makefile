@@ -13,7 +13,11 @@ help: ## list the targets
 
 bootstrap: ## install uv if missing and the locked environment
 	@$(UV) --version >/dev/null 2>&1 || { echo "installing uv"; python3 -m pip install --quiet uv; }
-	@$(UV) sync --frozen --quiet --extra bench
+	@$(UV) sync --frozen --quiet --extra bench --compile-bytecode
+	@# Bytecode for our own modules too: where PYTHONDONTWRITEBYTECODE is set, every process
+	@# (each test's router, simulator and engine helper) would otherwise compile ~600 modules
+	@# from source at start, about 3 s of CPU each on this machine (docs/test-suite.md).
+	@$(UV) run --frozen --no-sync python -m compileall -q -j 0 carryover router state bench tests >/dev/null
 
 redis-server: ## make sure a redis-server binary exists (tests start their own servers)
 	@command -v redis-server >/dev/null 2>&1 || { \
