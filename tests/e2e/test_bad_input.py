@@ -1,0 +1,143 @@
+"""Bad input gets OpenAI's error shape with the right 4xx, never a traceback or a 500.
+
+Every case here is refused without touching a conversation's state, so the module shares one
+router (and its simulated engines) on one event loop: one stack instead of one per case. A
+refusal that left the router unable to serve the next case would fail that case too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.support.stack import Stack, stack
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    log_dir: Path = tmp_path_factory.mktemp("bad-input")
+    async with stack(
+        log_dir, router_flags=("--max-body-bytes", "65536", "--max-messages", "16")
+    ) as s:
+        yield s
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "kv_transfer_params": {"remote_block_ids": [[1]]},
+            },
+            400,
+            "kv_transfer_params",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "conversation_id": "has space"},
+            400,
+            "conversation_id",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "conversation_id": "x" * 257},
+            400,
+            "conversation_id",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "model": "nope"}, 404, "model"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": "hello"}, 400, None),
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+        ({"messages": [{"role": {}, "content": "x"}]}, 400, "messages"),  # unhashable role
+        ({"messages": [{"role": "user", "content": "x"}] * 20}, 400, "messages"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "temperature": 0.9},
+            400,
+            None,
+        ),  # the engine's 400
+    ],
+)
+async def test_bad_bodies_get_openai_errors(
+    body: dict[str, Any], status: int, param: str | None, bad_input_stack: Stack
+) -> None:
+    s = bad_input_stack
+    r = await s.client.post(
+        s.router.url + "/v1/chat/completions", json={"model": "sim-qwen3", **body}
+    )
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == status and error["message"]
+    if param is not None:
+        assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    "prompt", [[1, -1], [2017, 7874619527822778658960633979994112], [2**31], [], ""]
+)
+async def test_bad_token_id_prompts_are_400(bad_input_stack: Stack, prompt: Any) -> None:
+    s = bad_input_stack
+    r = await s.client.post(
+        s.router.url + "/v1/completions",
+        json={"model": "sim-qwen3", "prompt": prompt, "conversation_id": "ids"},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"{not json", 400),
+        (b"[1, 2]", 400),
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400),
+        (b"[" * 30_000 + b"]" * 30_000, 400),
+        (b"{" + b'"a": "' + b"x" * 70_000 + b'"}', 413),
+    ],
+)
+async def test_malformed_bytes_get_openai_errors(
+    raw: bytes, status: int, bad_input_stack: Stack
+) -> None:
+    s = bad_input_stack
+    r = await s.client.post(
+        s.router.url + "/v1/chat/completions",
+        content=raw,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == status
+
+
+async def test_a_body_over_the_limit_without_a_length_is_413_too(bad_input_stack: Stack) -> None:
+    s = bad_input_stack
+
+    async def chunks() -> AsyncIterator[bytes]:  # chunked: no Content-Length to refuse early
+        yield b'{"model": "sim-qwen3", "prompt": "'
+        for _ in range(8):
+            yield b"x" * 10_000
+        yield b'"}'
+
+    r = await s.client.post(s.router.url + "/v1/completions", content=chunks())
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["type"] == "RequestTooLargeError"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+async def test_other_methods_on_the_endpoints_are_an_openai_405(
+    bad_input_stack: Stack, method: str, path: str
+) -> None:
+    r = await bad_input_stack.client.request(method, bad_input_stack.router.url + path)
+    assert r.status_code == 405, r.text
+    assert r.json()["error"]["type"] == "MethodNotAllowedError"
+
+
+async def test_unknown_route_is_an_openai_404(bad_input_stack: Stack) -> None:
+    r = await bad_input_stack.client.get(bad_input_stack.router.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404
