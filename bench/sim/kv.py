@@ -203,7 +203,12 @@ class BlockPool:
             position = block_end
 
     def fingerprint(self, blocks: Sequence[int], length: int) -> bytes:
-        """What the model attends to after ``length`` tokens: the content of the last block."""
+        """What the model attends to after ``length`` tokens: the content of every block that
+        holds them. All of them, not the last alone: blocks loaded from elsewhere are copied,
+        not chained, so one wrong block among loaded ones leaves the last block as it should
+        be, and attention still reads the wrong one."""
         if length == 0:
             return SEED
-        return self.content[blocks[(length - 1) // self.block_size]]
+        held = blocks[: (length - 1) // self.block_size + 1]
+        digest: bytes = xxhash.xxh3_128(b"".join(self.content[b] for b in held)).digest()
+        return digest

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.sim.kv import SEED, BlockPool, chain
 from bench.sim.server import SimServer
 from tests.sim.helpers import LONG, chat_body, output_ids, pd_chat, post, reference, tokenize, user
 from tests.support.metrics import ascrape
@@ -467,3 +468,20 @@ async def test_prefill_without_bidirectional_flag_hangs_on_a_decode_handle(
                 },
                 timeout=0.5,
             )
+
+
+def test_one_wrong_block_among_loaded_ones_changes_the_answer() -> None:
+    """Loaded blocks are copied, not chained: a wrong interior block leaves the last one as
+    computing would, and the fingerprint the answer comes from still differs."""
+    tokens = list(range(100, 180))  # five blocks of 16
+    right = BlockPool(8, 16)
+    computed = right.allocate(5)
+    right.compute(computed, tokens, 0, len(tokens))
+    loaded = BlockPool(8, 16)
+    copied = loaded.allocate(5)
+    for mine, theirs in zip(copied, computed, strict=True):
+        loaded.content[mine] = right.content[theirs]
+    assert loaded.fingerprint(copied, len(tokens)) == right.fingerprint(computed, len(tokens))
+    loaded.content[copied[2]] = chain(SEED, tokens[:16])  # a block computed for other tokens
+    assert loaded.content[copied[-1]] == right.content[computed[-1]]
+    assert loaded.fingerprint(copied, len(tokens)) != right.fingerprint(computed, len(tokens))
