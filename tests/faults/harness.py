@@ -20,11 +20,10 @@ from bench.redis_server import RedisServer
 from bench.redis_topologies import RedisCluster, RedisSentinels
 from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
-from tests.support.metrics import ascrape
 from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess
 from tests.support.sims import MODEL, qwen3, sim_config
-from tests.support.stack import chat_turn
+from tests.support.stack import chat_turn, reads_after_release
 
 TEXT = "[{cid} {turn}] Tell me about the rivers, stones and seasons of an old garden and its gardener. "
 
@@ -43,6 +42,7 @@ class Harness:
     client: httpx.AsyncClient
     dead_routers: set[int] = field(default_factory=set)
     tokens_render: SimRenderServer | None = None  # tokens-only engines' render server
+    replaced_decodes: list[SimServer] = field(default_factory=list)  # a restart replaced them
 
     @property
     def redis(self) -> RedisServer:
@@ -68,18 +68,14 @@ class Harness:
         """Start a fresh engine on the same ports (a restart: new engine id, empty cache)."""
         server = SimServer(servers[index].config, qwen3())
         await server.start()
+        if servers is self.decode:
+            self.replaced_decodes.append(servers[index])
         servers[index] = server
 
     async def double_reads(self) -> int:
-        total = 0.0
-        for d in self.decode:
-            try:
-                total += (await ascrape(self.client, d.url)).get(
-                    "vllm:nixl_num_notifications_after_expiry_total", 0.0
-                )
-            except httpx.HTTPError:
-                continue
-        return int(total)
+        """Reads of blocks a D no longer held, by every D's own count: read in process, so a
+        D that is down, or was replaced by a restart, still counts."""
+        return int(sum(reads_after_release(d) for d in [*self.decode, *self.replaced_decodes]))
 
 
 async def _start(server: SimServer) -> SimServer:

@@ -110,7 +110,23 @@ async def stack(
             exits.callback(proc.stop)
             await proc.start()
         client = await exits.enter_async_context(httpx.AsyncClient(timeout=30))
-        yield Stack(p_list, d_list, reference, procs, client, log_dir, render)
+        built = Stack(p_list, d_list, reference, procs, client, log_dir, render)
+        yield built
+        # Used once, by D's own count: no block was read after D let it go (a handle used
+        # twice, or after its release or expiry, is read this way), whatever the router said.
+        # The engines may have been replaced by the test: those in the stack at the end count.
+        for d in built.decode:
+            assert reads_after_release(d) == 0, f"{d.url} served reads of released blocks"
+
+
+def reads_after_release(d: SimServer) -> float:
+    """Reads of blocks that D no longer held (``vllm:nixl_num_notifications_after_expiry``)."""
+    return sum(
+        sample.value
+        for metric in d.engine.metrics.registry.collect()
+        for sample in metric.samples
+        if sample.name == "vllm:nixl_num_notifications_after_expiry_total"
+    )
 
 
 @dataclass
