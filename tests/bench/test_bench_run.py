@@ -16,8 +16,10 @@ def test_short_bench_run_writes_every_arm(tmp_path: Path) -> None:
         turns=3,
         system_tokens=Distribution("constant", 50),
         user_tokens=Distribution("constant", 120),
-        output_tokens=Distribution("constant", 12),
-        reasoning_share=0.34,
+        # Long enough for a reasoning answer to close its <think> block, which the template
+        # then strips from the next turn's history: one conversation of three (seed 5).
+        output_tokens=Distribution("constant", 60),
+        reasoning_share=0.5,
         seed=5,
     )
     arms = [
@@ -48,6 +50,9 @@ def test_short_bench_run_writes_every_arm(tmp_path: Path) -> None:
     assert data["arms"]["carryover"]["answers_differing_from_baseline"] == 0
     assert data["arms"]["colocated"]["answers_differing_from_baseline"] == 0
     assert data["arms"]["carryover-tokens"]["answers_differing_from_baseline"] == 0
+    # The arm without the check reuses the reasoning conversation's stripped history
+    # (vLLM #43094): its answers differ, which is what the arm is there to show.
+    assert data["arms"]["carryover-unchecked"]["answers_differing_from_baseline"] > 0
     for arm in ("carryover", "carryover-tokens"):  # tokens: streamed, their handles captured
         paths = data["arms"][arm]["paths"]
         reused = paths.get("reuse", 0) + paths.get("partial", 0)

@@ -18,8 +18,9 @@ TEXT = "Tell me slowly about the lighthouse keeper and the long winter nights on
 async def in_flight(s: Stack, url: str) -> float:
     name = url.removeprefix("http://")
     metrics = await ascrape(s.client, s.router.url)
-    # Absent: the router never sent it a request (a P out of rotation on a loaded machine).
-    return metrics.get(f"carryover_instance_in_flight{{server={name}}}", 0.0)
+    # Every configured instance has its series from the router's start (router/pool.py): a
+    # missing one is a fault of the count, not a zero.
+    return metrics[f"carryover_instance_in_flight{{server={name}}}"]
 
 
 def stream_body(content: str, max_tokens: int) -> dict[str, Any]:

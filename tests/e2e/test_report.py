@@ -13,7 +13,7 @@ import pytest
 
 from router.report.cli import main as report_main
 from tests.support.metrics import ascrape
-from tests.support.stack import alternating_conversations, chat_turn, stack
+from tests.support.stack import alternating_conversations, chat_turn, p_pulled, stack
 from tests.support.waiting import eventually
 
 TEXT = "Tell me, part {i}, how a lighthouse keeper spent the long winter nights on the rock. "
@@ -23,7 +23,11 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
     tmp_path: Path, redis_server: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     flags = ("--redis", redis_server.url, "--held-interval", "0.2")
-    async with stack(tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}) as s:
+    # P keeps no prefix cache: what it did not compute, it pulled through a handle.
+    p_sim = {"enable_prefix_caching": False}
+    async with stack(
+        tmp_path, routers=2, router_flags=flags, sim={"threshold": 16}, p_sim=p_sim
+    ) as s:
         decode = urlsplit(s.decode[0].url).netloc
         # Three conversations of three streamed turns, each turn on the other router.
         await alternating_conversations(s, 3, 3, TEXT)
@@ -48,12 +52,13 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
         assert sum(paths.values()) == 10
         assert paths["cold-miss"] == 4  # three first turns and the turn without a conversation
         assert paths.get("reuse", 0) + paths.get("partial", 0) == 6
-        # What P did not compute is what the routers say was reused (both routers' counters).
+        # The reused tokens are what P pulled, by P's own counter, and what both routers'
+        # counters add up to.
         metrics = [await ascrape(s.client, r.url) for r in s.routers]
         reused = sum(
             m["carryover_prompt_tokens_total{kind=reused,model=sim-qwen3}"] for m in metrics
         )
-        assert report["prompt_tokens_reused"] == reused > 0
+        assert report["prompt_tokens_reused"] == await p_pulled(s) == reused > 0
         assert report["reused_share"] > 0
         # Every router reads the same store: three handles, counted once.
         assert report["decode_held"][decode]["handles"] == 3

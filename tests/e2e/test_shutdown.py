@@ -50,6 +50,10 @@ async def test_sigterm_lets_streams_finish_and_commit(
         )
         assert victim.process is not None
         victim.process.send_signal(signal.SIGTERM)
+        # D still runs the turn after the signal: it was in flight when the router got it
+        # (a stream already over would make this test a plain stop).
+        running = await ascrape(s.client, s.decode[0].url)
+        assert running["vllm:num_requests_running"] >= 1 and not stream.done()
         got = await stream
         assert got.status == 200 and got.chunks[-1] == "[DONE]"
         assert not any(isinstance(c, dict) and "error" in c for c in got.chunks)

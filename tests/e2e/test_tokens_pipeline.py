@@ -28,11 +28,13 @@ def user(i: int) -> dict[str, Any]:
 
 
 async def test_whole_turns_reuse_d_s_blocks_and_match_the_reference(tmp_path: Path) -> None:
-    async with stack(tmp_path, tokens=True, sim={"threshold": 16}) as s:
+    # P keeps no prefix cache: its counter shows each turn pulled all that D held.
+    p_sim = {"enable_prefix_caching": False}
+    async with stack(tmp_path, tokens=True, sim={"threshold": 16}, p_sim=p_sim) as s:
         assert s.render is not None
         checked = dict(s.render.calls)  # the startup check derendered its probes
         messages: list[dict[str, Any]] = []
-        paths = []
+        paths, held = [], 0
         for i in range(4):
             messages.append(user(i))
             before = await p_pulled(s)
@@ -42,8 +44,9 @@ async def test_whole_turns_reuse_d_s_blocks_and_match_the_reference(tmp_path: Pa
             assert got.content == want.content
             assert got.body["id"].startswith("chatcmpl-")
             assert got.body["usage"]["completion_tokens"] == want.body["usage"]["completion_tokens"]
-            if i:
-                assert await p_pulled(s) > before  # P pulled the history from D
+            assert await p_pulled(s) - before == held, f"turn {i + 1}"
+            # D holds every token it ran: the prompt and the answer but its last token.
+            held = got.usage["prompt_tokens"] + got.usage["completion_tokens"] - 1
             paths.append(got.path)
             messages.append({"role": "assistant", "content": got.content})
         assert paths == ["cold-miss", "reuse", "reuse", "reuse"]
@@ -59,22 +62,31 @@ async def test_streamed_turns_reuse_through_a_captured_handle(
     # one-token request for the whole sequence on D takes the handle, answered from D's
     # prefix cache; without it, the turn after a stream is cold.
     flags = () if capture else ("--no-capture-streamed-handles",)
-    async with stack(tmp_path, tokens=True, sim={"threshold": 16}, router_flags=flags) as s:
+    # P keeps no prefix cache: its counter shows what each turn pulled, all of the handle's.
+    p_sim = {"enable_prefix_caching": False}
+    async with stack(
+        tmp_path, tokens=True, sim={"threshold": 16}, p_sim=p_sim, router_flags=flags
+    ) as s:
         messages: list[dict[str, Any]] = []
-        paths = []
+        paths, handle_tokens = [], 0
         for i, stream in enumerate((True, True, False)):
             messages.append(user(i))
             before = await p_pulled(s)
+            extra = {"stream_options": {"include_usage": True}} if stream else {}
             got = await chat_turn(
-                s.client, s.router.url, messages, conversation_id="mixed", stream=stream
+                s.client, s.router.url, messages, conversation_id="mixed", stream=stream, **extra
             )
             assert got.status == 200, got.raw
             assert got.content == (await reference_chat(s, messages)).content
             if stream:
                 assert got.chunks[-1] == "[DONE]"
                 assert all(c["id"].startswith("chatcmpl-") for c in got.chunks[:-1])
-            if got.path == "reuse":
-                assert await p_pulled(s) > before  # P pulled the captured handle's blocks
+            pulled = await p_pulled(s) - before
+            assert pulled == (handle_tokens if got.path == "reuse" else 0), (i, got.path)
+            sequence = got.usage["prompt_tokens"] + got.usage["completion_tokens"]
+            # A captured handle covers the whole sequence (the capture computed its last
+            # token); a whole answer's, all D ran: the sequence but its last token.
+            handle_tokens = sequence if stream else sequence - 1
             paths.append(got.path)
             messages.append({"role": "assistant", "content": got.content})
         uncaptured = await counter(

@@ -52,12 +52,27 @@ async def run_chat_conversation(
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_five_turns_reuse_and_match_the_reference(tmp_path: Path, stream: bool) -> None:
-    async with stack(tmp_path, sim={"threshold": 16}) as s:
-        before = await p_pulled(s)
-        paths = await run_chat_conversation(s, f"five-{stream}", 5, stream=stream)
-        assert paths[0] == "cold-miss"
-        assert paths[1:] == ["reuse"] * 4
-        assert await p_pulled(s) > before  # P really pulled history from D
+    # P keeps no prefix cache: what it did not compute it pulled, so its counter shows that
+    # each turn pulled all of what D held of the conversation (a truncated handle would not).
+    p_sim = {"enable_prefix_caching": False}
+    async with stack(tmp_path, sim={"threshold": 16}, p_sim=p_sim) as s:
+        extra = {"stream_options": {"include_usage": True}} if stream else {}
+        messages: list[dict[str, Any]] = []
+        paths, held = [], 0
+        for i in range(5):
+            messages.append({"role": "user", "content": TEXT.format(i=i) * 2})
+            before = await p_pulled(s)
+            got = await chat_turn(
+                s.client, s.router.url, messages, stream=stream, conversation_id="five", **extra
+            )
+            assert got.status == 200, got.raw
+            assert got.content == (await reference_chat(s, messages)).content, f"turn {i + 1}"
+            assert await p_pulled(s) - before == held, f"turn {i + 1}"
+            paths.append(got.path)
+            # D holds every token it ran: the prompt and the answer but its last token.
+            held = got.usage["prompt_tokens"] + got.usage["completion_tokens"] - 1
+            messages.append({"role": "assistant", "content": got.content})
+        assert paths == ["cold-miss"] + ["reuse"] * 4
 
 
 @pytest.mark.parametrize("stream", [False, True])
