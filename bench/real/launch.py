@@ -170,7 +170,7 @@ class VllmPair:
             VLLM_CPU_OMP_THREADS_BIND="0" if producer else "1",
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(instance.side_port),
-            VLLM_LOGGING_LEVEL="DEBUG",
+            VLLM_LOGGING_LEVEL="INFO",
         )
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -2,12 +2,22 @@
 
 One P/D pair runs at a time (a start takes a minute or two on 2 cores, and two pairs would
 share the cores four ways); tests that need other router settings start their own router in
-front of it. Two configurations exist: ``vllm_pair``, whose P has no prefix cache (so P's
-counters say exactly what the router attached), and ``cached_pair``, whose P keeps one (what a
-turn without a handle finds there). ``Engines`` swaps them when a test asks for the other;
-the modules are named so that each configuration is started once (``test_caches.py`` first,
-``test_zzw_warm.py``, whose pair reaches an LMCache server, next to last, and
-``test_zzz_tokens.py``, whose pair runs ``--tokens-only``, last).
+front of it. Three configurations exist, each started once per run, in this order:
+
+- ``pd``: P keeps a prefix cache and runs in dev mode (``/reset_prefix_cache``) with the
+  render server's parsers, so it also answers as ``vllm serve`` does; D keeps its cache. A
+  test that counts what P pulled sends each routed turn with a fresh ``cache_salt``
+  (``helpers.salted``): the salt changes the prefix-cache hashes only, so P finds nothing of
+  its own and pulls exactly what the handle covers.
+- ``warm``: both engines also reach an LMCache server; P has no prefix cache, so all it did
+  not compute came from LMCache. The restart test brings the pair back in this
+  configuration, on the same ports: a restart of both engines, and the start of the next
+  configuration, at once.
+- ``tokens``: ``--tokens-only`` engines behind a render server.
+
+Each test module says which configuration it needs with ``@pytest.mark.engines(kind)``; the
+collection hook below runs the tier in that order whatever ``-k``, ``--lf`` or file names
+select, and ``Engines`` starts a configuration when the first test that needs it runs.
 
 No test here races a clock: D pins a turn's blocks for an hour and the routers are told so, far
 beyond any turn of a slow or loaded machine (a first forward pass took 41 s on two busy cores).
@@ -17,8 +27,10 @@ and, in full, against the simulator, whose clock tests drive.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -27,6 +39,7 @@ import pytest
 from bench.real.launch import EngineDied, VllmPair
 from bench.real.lmcache import LmcacheServer
 from bench.redis_server import RedisServer
+from tests.real.served import SERVER_PARSERS, ServedAnswers, record_served_answers
 from tests.support.http import ResendStaleGets
 from tests.support.router_proc import RouterProcess
 
@@ -36,33 +49,72 @@ pytestmark = pytest.mark.real
 #: same. D has 8192 blocks of 128 tokens, so a session's pins take a few percent of it.
 D_TTL = 3600.0
 
+#: The configurations, in the order the tier runs them.
+PHASES = ("pd", "restart", "warm", "tokens")
+
+
+def _phase(item: pytest.Item) -> int | None:
+    marker = item.get_closest_marker("engines")
+    return None if marker is None else PHASES.index(marker.args[0])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tier's tests in the order of ``PHASES`` (stable within a phase), in the places the
+    tier's tests already hold in the run: each configuration then starts once."""
+    places = [i for i, item in enumerate(items) if _phase(item) is not None]
+    ordered = sorted((items[i] for i in places), key=lambda item: _phase(item) or 0)
+    for place, item in zip(places, ordered, strict=True):
+        items[place] = item
+
 
 class Engines:
     """At most one running pair, of the configuration the current test asks for."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, record_served: bool = False) -> None:
         self.log_dir = log_dir
         self.running: VllmPair | None = None
         self.kind: str | None = None
+        #: Record ``vllm serve``'s answers (tests/real/served.py) when ``pd`` starts.
+        self.record_served = record_served
+        self.served: ServedAnswers | None = None
+
+    def _configured(self, kind: str, like: VllmPair | None = None) -> VllmPair:
+        return VllmPair(
+            log_dir=self.log_dir / kind,
+            d_extra={"decoder_kv_blocks_ttl": D_TTL},
+            # P keeps its prefix cache only in ``pd``: in ``warm`` what P did not compute
+            # came from LMCache, by its counters.
+            p_args=[*SERVER_PARSERS] if kind == "pd" else ["--no-enable-prefix-caching"],
+            tokens_only=kind == "tokens",
+            # Both publish KV events: every router of this tier keeps an index of them, so
+            # the subscriber meets vLLM's own wire format in every test.
+            kv_events=True,
+            dev_mode=kind == "pd",  # POST /reset_prefix_cache
+            lmcache=LmcacheServer(self.log_dir / kind / "lmcache.log") if kind == "warm" else None,
+            # A restart keeps the ports: to a router it is the same instance, come back.
+            prefill=None if like is None else like.prefill,
+            decode=None if like is None else like.decode,
+        )
 
     def pair(self, kind: str) -> VllmPair:
         if self.kind == kind and self.running is not None:
             return self.running
         self.stop()
-        pair = VllmPair(
-            log_dir=self.log_dir / kind,
-            d_extra={"decoder_kv_blocks_ttl": D_TTL},
-            # Without a prefix cache on P every pull is whole, so P's counters say exactly
-            # what the router attached; D keeps its cache (the realistic side).
-            p_args=[] if kind == "cached" else ["--no-enable-prefix-caching"],
-            tokens_only=kind == "tokens",  # test_zzz_tokens.py, the last module
-            # Both publish KV events: every router of this tier keeps an index of them, so
-            # the subscriber meets vLLM's own wire format in every test.
-            kv_events=True,
-            dev_mode=kind == "cached",  # POST /reset_prefix_cache
-            # test_zzw_warm.py: both engines also reach an LMCache server (the warm tier).
-            lmcache=LmcacheServer(self.log_dir / kind / "lmcache.log") if kind == "warm" else None,
-        )
+        if self.record_served and self.served is None and kind != "pd":
+            # A run that selected no test of ``pd`` still records on it, before the rest.
+            self._start("pd", self._configured("pd"))
+            self.stop()
+        return self._start(kind, self._configured(kind))
+
+    def restart_as(self, kind: str) -> VllmPair:
+        """Stop the running pair and start ``kind`` on its ports: both engines come back with
+        new engine ids where a router knew them."""
+        assert self.running is not None
+        like = self.running
+        self.stop()
+        return self._start(kind, self._configured(kind, like))
+
+    def _start(self, kind: str, pair: VllmPair) -> VllmPair:
         for attempt in (1, 2):
             try:  # a failed start or warm-up stops both engines too
                 pair.start()
@@ -76,6 +128,9 @@ class Engines:
                 pair.stop()
                 raise
         self.running, self.kind = pair, kind
+        if kind == "pd" and self.record_served and self.served is None:
+            assert pair.prefill is not None
+            self.served = record_served_answers(pair.prefill.url)
         return pair
 
     def stop(self) -> None:
@@ -87,8 +142,12 @@ class Engines:
 # Package scope: the engines stop when this tier ends, so the tests after it do not share the
 # two cores with a pair of spinning engines.
 @pytest.fixture(scope="package")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
-    manager = Engines(tmp_path_factory.mktemp("vllm-logs"))
+def engines(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engines]:
+    # ``vllm serve``'s answers are recorded on ``pd``'s P, when a test of the run needs them.
+    served = any("served_answers" in getattr(i, "fixturenames", ()) for i in request.session.items)
+    manager = Engines(tmp_path_factory.mktemp("vllm-logs"), record_served=served)
     try:
         yield manager
     finally:
@@ -97,12 +156,15 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
 
 @pytest.fixture
 def vllm_pair(engines: Engines) -> VllmPair:
-    return engines.pair("plain")
+    return engines.pair("pd")
 
 
 @pytest.fixture
-def cached_pair(engines: Engines) -> VllmPair:
-    return engines.pair("cached")
+def served_answers(engines: Engines) -> ServedAnswers:
+    """``vllm serve``'s answers to ``served.CASES``, recorded when ``pd`` started (first in
+    every run that selects a test needing them)."""
+    assert engines.served is not None
+    return engines.served
 
 
 @pytest.fixture
@@ -160,6 +222,22 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
     ]
 
 
+@contextlib.contextmanager
+def module_router(
+    pair: VllmPair, redis: RedisServer, log_dir: Path, *extra: str
+) -> Iterator[RouterProcess]:
+    """``routed`` for a module's fixture, set up where no event loop runs: the router's start
+    is awaited on a loop of its own in a worker thread (the engines are processes of their
+    own, so nothing in this thread needs to answer meanwhile)."""
+    router = RouterProcess(router_flags(pair, redis, *extra), log_dir)
+    try:
+        with ThreadPoolExecutor(1) as starter:
+            starter.submit(asyncio.run, router.start(timeout=180)).result()
+        yield router
+    finally:
+        router.stop()
+
+
 @contextlib.asynccontextmanager
 async def routed(
     pair: VllmPair, redis: RedisServer, log_dir: Path, *extra: str
@@ -173,17 +251,11 @@ async def routed(
         router.stop()
 
 
-@pytest.fixture
-async def real_router(
-    vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
-) -> AsyncIterator[RouterProcess]:
-    async with routed(vllm_pair, redis_server, tmp_path) as router:
-        yield router
-
-
-@pytest.fixture
-async def cached_router(
-    cached_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
-) -> AsyncIterator[RouterProcess]:
-    async with routed(cached_pair, redis_server, tmp_path) as router:
-        yield router
+# One router per module: its tests use their own conversations and read its counters as
+# differences, so it need not start and stop for each of them.
+@pytest.fixture(scope="module")
+def real_router(
+    engines: Engines, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RouterProcess]:
+    with module_router(engines.pair("pd"), redis_server, tmp_path_factory.mktemp("router")) as r:
+        yield r

@@ -1,9 +1,8 @@
 """Routing by where the KV is, on real vLLM: the index fed by both engines' events against
 their own prefix-cache counters.
 
-This module runs on ``cached_pair``, whose P keeps a prefix cache (the other modules' P has
-none, so that its counters say exactly what was pulled): a turn without a handle finds its
-history there, and ``/reset_prefix_cache`` (dev mode) clears it.
+P keeps a prefix cache here: a turn without a handle finds its history there, and
+``/reset_prefix_cache`` (dev mode) clears it.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from tests.support.metrics import ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.engines("pd")]
 
 SAID = "carryover_kv_cached_tokens_total{{leg={leg}}}"
 BLOCKS = "carryover_kv_index_blocks{{server={name}}}"
@@ -85,13 +84,13 @@ async def next_prompt(
 
 
 async def test_the_kv_index_follows_vllms_own_events(
-    client: httpx.AsyncClient, cached_pair: VllmPair, cached_router: RouterProcess
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
 ) -> None:
     """The router's index, fed by D's KV events, says D holds what D's own prefix-cache
     counter then shows it did not compute (docs/kv-events.md)."""
-    p_url, d_url = urls(cached_pair)
-    assert cached_pair.decode is not None
-    d_name = cached_pair.decode.url.removeprefix("http://")
+    p_url, d_url = urls(vllm_pair)
+    assert vllm_pair.decode is not None
+    d_name = vllm_pair.decode.url.removeprefix("http://")
     nonce = uuid.uuid4().hex[:8]
     prompt = await tokenize(
         client,
@@ -99,18 +98,19 @@ async def test_the_kv_index_follows_vllms_own_events(
         messages=[{"role": "user", "content": text(nonce, 0)}],
         add_generation_prompt=True,
     )
-    r = await completion(client, cached_router.url, prompt, conversation=nonce)
+    blocks = f"carryover_kv_index_blocks{{server={d_name}}}"
+    held_before = (await ascrape(client, real_router.url)).get(blocks, 0.0)
+    r = await completion(client, real_router.url, prompt, conversation=nonce)
     assert r.status_code == 200, r.text
     output = r.json()["choices"][0]["token_ids"]
     history = len(prompt) + len(output) - 1  # what D ran and keeps
-    blocks = f"carryover_kv_index_blocks{{server={d_name}}}"
     await eventually(
-        lambda: ascrape(client, cached_router.url),
-        lambda values: values.get(blocks, 0.0) >= history // BLOCK,
+        lambda: ascrape(client, real_router.url),
+        lambda values: values.get(blocks, 0.0) >= held_before + history // BLOCK,
         what="the index holds D's blocks of the first turn",
         timeout=120,
     )
-    router = await ascrape(client, cached_router.url)
+    router = await ascrape(client, real_router.url)
     for why in ("undecodable", "unknown_event"):
         assert router.get(f"carryover_kv_events_skipped_total{{server={d_name},why={why}}}", 0) == 0
     suffix = (
@@ -120,9 +120,9 @@ async def test_the_kv_index_follows_vllms_own_events(
     said = "carryover_kv_cached_tokens_total{leg=decode}"
     said_before = router.get(said, 0.0)
     hits_before = (await ascrape(client, d_url)).get(HITS, 0.0)
-    r = await completion(client, cached_router.url, second, conversation=nonce)
+    r = await completion(client, real_router.url, second, conversation=nonce)
     assert r.status_code == 200, r.text
-    said_delta = (await ascrape(client, cached_router.url)).get(said, 0.0) - said_before
+    said_delta = (await ascrape(client, real_router.url)).get(said, 0.0) - said_before
     hits_delta = (await ascrape(client, d_url)).get(HITS, 0.0) - hits_before
     assert said_delta >= history // BLOCK * BLOCK
     # vLLM leaves at least the prompt's last token to compute.
@@ -130,21 +130,21 @@ async def test_the_kv_index_follows_vllms_own_events(
 
 
 async def test_without_a_handle_p_computes_only_what_its_cache_lacks(
-    client: httpx.AsyncClient, cached_pair: VllmPair, cached_router: RouterProcess
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
 ) -> None:
     """The handle is gone (deleted here, as D's TTL would end it): the next turn is cold, and
     the index sends it to the P that still holds the history's blocks. P's own counters show
     those blocks served from its cache, nothing pulled, only the rest computed."""
-    p_url, _ = urls(cached_pair)
+    p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    prompt, output = await first_turn(client, cached_router, cached_pair, nonce)
-    deleted = await client.delete(f"{cached_router.url}/v1/conversations/{nonce}")
+    prompt, output = await first_turn(client, real_router, vllm_pair, nonce)
+    deleted = await client.delete(f"{real_router.url}/v1/conversations/{nonce}")
     assert deleted.json()["released"] is True
     second = await next_prompt(client, p_url, prompt, output, nonce)
-    p_before, r_before = await ascrape(client, p_url), await ascrape(client, cached_router.url)
-    r = await completion(client, cached_router.url, second, conversation=nonce)
+    p_before, r_before = await ascrape(client, p_url), await ascrape(client, real_router.url)
+    r = await completion(client, real_router.url, second, conversation=nonce)
     assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-miss", r.text
-    p_after, r_after = await ascrape(client, p_url), await ascrape(client, cached_router.url)
+    p_after, r_after = await ascrape(client, p_url), await ascrape(client, real_router.url)
 
     def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
@@ -161,17 +161,17 @@ async def test_without_a_handle_p_computes_only_what_its_cache_lacks(
 
 
 async def test_reset_prefix_cache_empties_the_index_of_p(
-    client: httpx.AsyncClient, cached_pair: VllmPair, cached_router: RouterProcess
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
 ) -> None:
     """vLLM's AllBlocksCleared after /reset_prefix_cache: the index forgets what P held. vLLM
     publishes the event with its next engine step's output (``Scheduler.update_from_output``),
     so an idle P's reset reaches the index with the next request, ahead of that request's own
     blocks: afterwards the index holds exactly those."""
-    p_url, _ = urls(cached_pair)
+    p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    prompt, _ = await first_turn(client, cached_router, cached_pair, nonce, words=120)
+    prompt, _ = await first_turn(client, real_router, vllm_pair, nonce, words=120)
     blocks = BLOCKS.format(name=name(p_url))
-    held = (await ascrape(client, cached_router.url))[blocks]
+    held = (await ascrape(client, real_router.url))[blocks]
     # vLLM refuses the reset while any block is held (P's until D has read them).
     await eventually(
         lambda: client.post(p_url + "/reset_prefix_cache"),
@@ -181,14 +181,14 @@ async def test_reset_prefix_cache_empties_the_index_of_p(
         interval=1.0,
     )
     p_before = await ascrape(client, p_url)
-    r = await completion(client, cached_router.url, prompt, conversation=uuid.uuid4().hex[:8])
+    r = await completion(client, real_router.url, prompt, conversation=uuid.uuid4().hex[:8])
     assert r.status_code == 200, r.text
     p_after = await ascrape(client, p_url)
     assert p_after[HITS] == p_before[HITS]  # P's cache was empty indeed
     mine = len(prompt) // BLOCK
     assert held > mine  # the index held more than this prompt's blocks before the reset
     await eventually(
-        lambda: ascrape(client, cached_router.url),
+        lambda: ascrape(client, real_router.url),
         lambda m: m.get(blocks) == mine,
         what="the index holds only the blocks P stored after AllBlocksCleared",
         timeout=60,
@@ -196,16 +196,16 @@ async def test_reset_prefix_cache_empties_the_index_of_p(
 
 
 async def test_a_decode_local_turn_is_served_from_ds_own_cache(
-    client: httpx.AsyncClient, cached_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+    client: httpx.AsyncClient, vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
 ) -> None:
     """A short next turn on the D that holds its history runs there alone: D's prefix-cache
     counter rises by the history's blocks, P runs nothing of it, the answer is the
     reference's, and the unneeded handle is released."""
-    p_url, d_url = urls(cached_pair)
+    p_url, d_url = urls(vllm_pair)
     flags = ("--decode-local-max-tokens", "512")
-    async with routed(cached_pair, redis_server, tmp_path, *flags) as router:
+    async with routed(vllm_pair, redis_server, tmp_path, *flags) as router:
         nonce = uuid.uuid4().hex[:8]
-        prompt, output = await first_turn(client, router, cached_pair, nonce)
+        prompt, output = await first_turn(client, router, vllm_pair, nonce)
         second = await next_prompt(client, p_url, prompt, output, nonce)
         p_before, d_before = await ascrape(client, p_url), await ascrape(client, d_url)
         r = await completion(client, router.url, second, conversation=nonce)

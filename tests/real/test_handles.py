@@ -23,6 +23,7 @@ from tests.real.helpers import (
     chat,
     completion,
     pulled,
+    salted,
     same_output,
     text,
     tokenize,
@@ -32,7 +33,7 @@ from tests.support.metrics import ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.engines("pd")]
 
 
 async def test_release_and_delete_free_decode_blocks_at_once(
@@ -94,7 +95,8 @@ async def test_prefill_unavailable_decode_serves_alone_and_reuse_continues(
     try:
         r1 = await chat(client, real_router.url, messages, conversation=nonce)
         assert r1.status_code == 200
-        assert same_output(r1.json(), (await chat(client, p_url, messages)).json(), chat=True)
+        want = (await chat(client, p_url, messages, **salted())).json()
+        assert same_output(r1.json(), want, chat=True)
     finally:
         await client.post(f"{real_router.url}/admin/instances/{p_name}/drain?undo=1", headers=admin)
     completion_ids = r1.json()["choices"][0]["token_ids"]
@@ -105,13 +107,16 @@ async def test_prefill_unavailable_decode_serves_alone_and_reuse_continues(
         p_url,
         prompt=f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 40)}<|im_end|>\n<|im_start|>assistant\n",
     )
-    r2 = await completion(client, real_router.url, prompt + suffix, conversation=nonce)
+    # A fresh salt: P finds nothing of its own cache and pulls all that the handle covers.
+    r2 = await completion(client, real_router.url, prompt + suffix, conversation=nonce, **salted())
     # The completions turn continues the same conversation id only within its own model/tenant
     # key: the chat record is found and reused because the ids extend it exactly.
     assert r2.headers["x-carryover-path"] == "reuse"
     assert await pulled(client, p_url) - before == len(prompt) - 1
     assert same_output(
-        r2.json(), (await completion(client, p_url, prompt + suffix)).json(), chat=False
+        r2.json(),
+        (await completion(client, p_url, prompt + suffix, **salted())).json(),
+        chat=False,
     )
 
 
@@ -135,9 +140,11 @@ async def test_expired_handles_are_served_cold(
         add_generation_prompt=True,
     )
     prompt2_tail = [198] * 20
+    rejected = "carryover_retries_total{cause=prefill_handle_rejected}"
+    rejected_before = (await ascrape(client, real_router.url)).get(rejected, 0)
     first = (await completion(client, real_router.url, prompt, conversation=nonce)).json()
     prompt2 = prompt + first["choices"][0]["token_ids"] + prompt2_tail
-    want = (await completion(client, p_url, prompt2)).json()
+    want = (await completion(client, p_url, prompt2, **salted())).json()
     key = ConversationKey(DEFAULT_TENANT, SERVED_NAME, nonce)
     store = RedisStore.from_url(redis_server.url, timeout=5)
     try:
@@ -152,6 +159,5 @@ async def test_expired_handles_are_served_cold(
     r = await completion(client, real_router.url, prompt2, conversation=nonce)
     assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-error"
     assert same_output(r.json(), want, chat=False)
-    metrics = await ascrape(client, real_router.url)
-    assert metrics["carryover_retries_total{cause=prefill_handle_rejected}"] == 1
+    assert (await ascrape(client, real_router.url))[rejected] - rejected_before == 1
     assert (await ascrape(client, p_url))["vllm:nixl_num_kv_expired_reqs_total"] >= 1

@@ -1,6 +1,7 @@
 """carryover in front of real vLLM (CPU build, NIXL, bidirectional KV transfer): reuse, the
-prefix check and what it guards against, on P without a prefix cache (so P's counters say
-exactly what was pulled).
+prefix check and what it guards against. Every routed turn whose pull is counted carries a
+fresh ``cache_salt`` and every reference one too: P finds nothing of its own prefix cache, so
+its counters say exactly what was pulled.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import httpx
 import pytest
 
 from bench.real.launch import VllmPair
+from state import chunk_size_for
 from tests.real.helpers import (
     BLOCK,
     SERVED_NAME,
     chat,
     completion,
     pulled,
+    salted,
     same_output,
     text,
     tokenize,
@@ -28,7 +31,7 @@ from tests.support.metrics import ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.engines("pd")]
 
 
 async def test_completions_full_reuse_over_five_turns(
@@ -47,7 +50,7 @@ async def test_completions_full_reuse_over_five_turns(
     prompts: list[list[int]] = []
     wants: list[dict[str, Any]] = []
     for turn in range(5):
-        want = (await completion(client, p_url, prompt)).json()
+        want = (await completion(client, p_url, prompt, **salted())).json()
         prompts.append(prompt)
         wants.append(want)
         suffix = f"<|im_end|>\n<|im_start|>user\n{text(nonce, turn + 1, 60)}<|im_end|>\n<|im_start|>assistant\n"
@@ -56,13 +59,14 @@ async def test_completions_full_reuse_over_five_turns(
     previous_r = None
     for turn, (prompt, want) in enumerate(zip(prompts, wants, strict=True)):
         before = await pulled(client, p_url)
-        r = await completion(client, real_router.url, prompt, conversation=nonce)
+        r = await completion(client, real_router.url, prompt, conversation=nonce, **salted())
         assert r.status_code == 200, r.text
         got = r.json()
         after = await pulled(client, p_url)
         assert same_output(got, want, chat=False), f"turn {turn + 1} differs from the reference"
-        # What the client is told was not computed: P's count (P has no prefix cache here, so
-        # only what it pulled), not D's, which got every prompt token over the transfer.
+        # What the client is told was not computed: P's count (nothing of P's own cache under
+        # a fresh salt, so only what it pulled), not D's, which got every prompt token over
+        # the transfer.
         cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
         if turn == 0:
             assert r.headers["x-carryover-path"] == "cold-miss"
@@ -94,7 +98,29 @@ async def test_the_router_renders_in_process_only_because_vllm_agrees(
     r = await chat(client, real_router.url, messages)
     assert r.status_code == 200, r.text
     want = await tokenize(client, p_url, messages=messages, add_generation_prompt=True)
+    assert r.json()["prompt_token_ids"] == want
     assert r.json()["usage"]["prompt_tokens"] == len(want)
+
+
+def expected_pull(prompt: list[int], sequence: list[int]) -> tuple[int, str]:
+    """What P pulls for ``prompt`` with the handle of ``sequence`` (what D ran and holds, all
+    but its last token), and the path the router names: all of it when ``prompt`` extends it,
+    else the whole blocks before the first difference (none under vLLM's 64-token threshold).
+    The router keeps what it stored as digests of whole chunks and the tokens after them
+    (state/prefix.py): a difference inside a chunk cuts the reuse at that chunk's start."""
+    r_tokens = len(sequence) - 1
+    first_difference = next(
+        (i for i, (a, b) in enumerate(zip(prompt, sequence[:r_tokens], strict=False)) if a != b),
+        min(len(prompt), r_tokens),
+    )
+    if first_difference == r_tokens:
+        return r_tokens, "reuse"
+    chunk = chunk_size_for(BLOCK)
+    known = first_difference
+    if first_difference < r_tokens // chunk * chunk:
+        known -= first_difference % chunk
+    usable = min(known, len(prompt) - 1) // BLOCK * BLOCK
+    return (usable, "partial") if usable >= 64 else (0, "cold-mismatch")
 
 
 async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(
@@ -111,31 +137,20 @@ async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(
     diverged_inside_history = 0
     for turn in range(5):
         before = await pulled(client, p_url)
-        r = await chat(client, real_router.url, messages, max_tokens=40, conversation=nonce)
+        r = await chat(
+            client, real_router.url, messages, max_tokens=40, conversation=nonce, **salted()
+        )
         assert r.status_code == 200, r.text
         got = r.json()
         after = await pulled(client, p_url)
-        want = (await chat(client, p_url, messages, max_tokens=40)).json()
+        want = (await chat(client, p_url, messages, max_tokens=40, **salted())).json()
         assert same_output(got, want, chat=True), f"turn {turn + 1} differs from the reference"
         prompt = got["prompt_token_ids"]
         if sequence is not None:
-            r_tokens = len(sequence) - 1
-            common = next(
-                (
-                    i
-                    for i, (a, b) in enumerate(zip(prompt, sequence[:r_tokens], strict=False))
-                    if a != b
-                ),
-                min(len(prompt), r_tokens),
-            )
-            diverged_inside_history += common < r_tokens
-            usable = min(common, len(prompt) - 1) // BLOCK * BLOCK
-            expected = r_tokens if common == r_tokens else usable if usable >= 64 else 0
-            path = r.headers["x-carryover-path"]
-            assert after - before == expected, (path, common, r_tokens)
-            assert path == (
-                "reuse" if common == r_tokens else "partial" if expected else "cold-mismatch"
-            )
+            expected, path = expected_pull(prompt, sequence)
+            diverged_inside_history += path != "reuse"
+            assert after - before == expected, (r.headers["x-carryover-path"], expected, path)
+            assert r.headers["x-carryover-path"] == path
         sequence = prompt + got["choices"][0]["token_ids"]
         messages += [
             {"role": "assistant", "content": got["choices"][0]["message"]["content"]},
@@ -147,12 +162,15 @@ async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(
 async def test_rewritten_history_and_stripped_answer_stay_correct(
     client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
 ) -> None:
+    """Each later turn pulls exactly the whole blocks before its first difference from what D
+    holds, and answers as P alone does."""
     p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
     messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
     first = (
-        await chat(client, real_router.url, messages, max_tokens=60, conversation=nonce)
+        await chat(client, real_router.url, messages, max_tokens=60, conversation=nonce, **salted())
     ).json()
+    sequence = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
     answer = first["choices"][0]["message"]["content"]
     # The client sends the answer back with its leading part removed (as Qwen3's template does
     # to reasoning).
@@ -160,18 +178,27 @@ async def test_rewritten_history_and_stripped_answer_stay_correct(
         {"role": "assistant", "content": answer[len(answer) // 3 :]},
         {"role": "user", "content": text(nonce, 1, 40)},
     ]
-    r = await chat(client, real_router.url, messages, conversation=nonce)
-    assert r.headers["x-carryover-path"] in ("partial", "cold-mismatch")
-    assert same_output(r.json(), (await chat(client, p_url, messages)).json(), chat=True)
+
+    async def checked_turn(sequence: list[int]) -> dict[str, Any]:
+        before = await pulled(client, p_url)
+        r = await chat(client, real_router.url, messages, conversation=nonce, **salted())
+        assert r.status_code == 200, r.text
+        expected, path = expected_pull(r.json()["prompt_token_ids"], sequence)
+        assert path != "reuse" and r.headers["x-carryover-path"] == path, expected
+        assert await pulled(client, p_url) - before == expected, path
+        want = (await chat(client, p_url, messages, **salted())).json()
+        assert same_output(r.json(), want, chat=True)
+        got: dict[str, Any] = r.json()
+        return got
+
+    second = await checked_turn(sequence)
     # A client rewriting an earlier message.
     messages[0] = {"role": "user", "content": text(nonce, 0, 150) + " (edited)"}
     messages += [
-        {"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]},
+        {"role": "assistant", "content": second["choices"][0]["message"]["content"]},
         {"role": "user", "content": text(nonce, 2, 40)},
     ]
-    r = await chat(client, real_router.url, messages, conversation=nonce)
-    assert r.status_code == 200 and r.headers["x-carryover-path"] in ("partial", "cold-mismatch")
-    assert same_output(r.json(), (await chat(client, p_url, messages)).json(), chat=True)
+    await checked_turn(second["prompt_token_ids"] + second["choices"][0]["token_ids"])
 
 
 async def test_a_truncated_prompt_runs_unchecked_and_right(
@@ -192,7 +219,7 @@ async def test_a_truncated_prompt_runs_unchecked_and_right(
     assert first.status_code == 200 and first.headers["x-carryover-path"] == "cold-miss"
     longer = prompt + first.json()["choices"][0]["token_ids"] + prompt[:60]
     extra = {"truncate_prompt_tokens": len(longer) - 200}
-    want = (await completion(client, p_url, longer, **extra)).json()
+    want = (await completion(client, p_url, longer, **extra, **salted())).json()
     before = await pulled(client, p_url)
     r = await completion(client, real_router.url, longer, conversation=nonce, **extra)
     assert r.status_code == 200, r.text
@@ -231,22 +258,29 @@ async def test_the_same_mismatch_without_the_router_is_wrong(
         prompt=f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 30)}<|im_end|>\n<|im_start|>assistant\n",
     )
     stripped = t1 + output[100:] + suffix  # the first 100 output tokens dropped
-    p2 = (await completion(client, p_url, stripped, max_tokens=1, kv_transfer_params=handle)).json()
+    # Salted: P's own cache of t1 would otherwise supply the blocks before the difference.
+    p2 = (
+        await completion(
+            client, p_url, stripped, max_tokens=1, kv_transfer_params=handle, **salted()
+        )
+    ).json()
     d2 = (
         await completion(
             client, d_url, stripped, max_tokens=12, kv_transfer_params=p2["kv_transfer_params"]
         )
     ).json()
-    want = (await completion(client, p_url, stripped)).json()
+    want = (await completion(client, p_url, stripped, **salted())).json()
     assert not same_output(d2, want, chat=False)
 
 
 async def test_streaming_on_032_returns_no_handle_and_next_turn_is_cold(
     client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
 ) -> None:
-    p_url, _ = urls(vllm_pair)
+    _, d_url = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
     messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 200)}]
+    unstreamed = "carryover_turns_without_handle_total{cause=streamed_before_0.33}"
+    unstreamed_before = (await ascrape(client, real_router.url)).get(unstreamed, 0)
     body = {
         "model": SERVED_NAME,
         "messages": messages,
@@ -266,13 +300,15 @@ async def test_streaming_on_032_returns_no_handle_and_next_turn_is_cold(
         chunk = json.loads(line[6:])
         assert "error" not in chunk and "kv_transfer_params" not in chunk
         content += "".join((c.get("delta") or {}).get("content") or "" for c in chunk["choices"])
-    want = (await chat(client, p_url, messages)).json()["choices"][0]["message"]["content"]
-    assert content == want
+    # D alone is the reference: P parses reasoning out of its content, as vllm serve with the
+    # render server's parsers does; D, like the router, passes the text on as it is.
+    want = (await chat(client, d_url, messages, **salted())).json()
+    assert content == want["choices"][0]["message"]["content"]
     messages += [
         {"role": "assistant", "content": content},
         {"role": "user", "content": text(nonce, 1, 30)},
     ]
     r2 = await chat(client, real_router.url, messages, conversation=nonce)
     assert r2.status_code == 200 and r2.headers["x-carryover-path"] == "cold-miss"
-    metrics = await ascrape(client, real_router.url)
-    assert metrics["carryover_turns_without_handle_total{cause=streamed_before_0.33}"] >= 1
+    # The one streamed turn left no handle, and says so once.
+    assert (await ascrape(client, real_router.url))[unstreamed] - unstreamed_before == 1
