@@ -39,16 +39,20 @@ async def test_a_full_decode_gives_back_its_oldest_handles(tmp_path: Path) -> No
         "--decode-kv-low-water",
         str(LOW),
     )
-    # 32 blocks of 16 tokens: each one-turn conversation pins three or four of them.
+    # 32 blocks of 16 tokens: one-turn conversations pin D's blocks until it holds more than
+    # the high-water mark (each pins what it does not share with the others' prompt).
+    released = "carryover_handles_released_total{cause=decode_pressure}"
     async with stack(
         tmp_path, router_flags=flags, sim={"threshold": 16}, d_sim={"num_blocks": 32}
     ) as s:
-        chats = [Chat(s, f"pressure-{i}-{uuid.uuid4().hex[:6]}") for i in range(8)]
-        for chat in chats:
-            assert await chat.turn() == "cold-miss"
+        chats: list[Chat] = []
+        while await _decode_usage(s) <= HIGH and not await router_counter(s, released):
+            assert len(chats) < 16, "D never filled past the high-water mark"
+            chats.append(Chat(s, f"pressure-{len(chats)}-{uuid.uuid4().hex[:6]}"))
+            assert await chats[-1].turn() == "cold-miss"
 
         await eventually(
-            lambda: router_counter(s, "carryover_handles_released_total{cause=decode_pressure}"),
+            lambda: router_counter(s, released),
             lambda n: n > 0,
             what="the router giving back handles of the full decode instance",
         )
