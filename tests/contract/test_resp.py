@@ -139,12 +139,13 @@ async def test_wrong_password_is_a_clear_error_without_the_password(
 
 
 async def test_a_refused_connect_fails_fast(own_redis: RedisServer) -> None:
-    channel = RespChannel(Address.from_url(own_redis.url), connect_timeout=5)
+    # A connect timeout far beyond any loaded machine's delay: a refusal must not wait for it.
+    channel = RespChannel(Address.from_url(own_redis.url), connect_timeout=60)
     own_redis.kill()
     started = time.monotonic()
     with pytest.raises(RespConnectionError):
         await channel.call("PING")
-    assert time.monotonic() - started < 2.0  # refused at once, not the connect timeout
+    assert time.monotonic() - started < 30  # refused at once, not the connect timeout
     channel.close()
 
 

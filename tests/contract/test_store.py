@@ -90,9 +90,12 @@ async def test_later_turn_wins_and_earlier_is_refused(store: Store) -> None:
 
 
 async def test_expiry_is_honoured(store: Store) -> None:
+    # Redis expires a record by its own clock, which no test can move: a short lifetime, and
+    # its end waited for as a condition. Read before then, the record is there.
+    written_at = time.monotonic()
     assert (await store.commit(key(), make_record(1, ttl=0.3), now=time.time())).written
-    assert await store.get(key()) is not None
-    await asyncio.sleep(0.45)
+    assert await store.get(key()) is not None or time.monotonic() - written_at >= 0.3
+    await eventually(lambda: store.get(key()), lambda r: r is None, what="the record expiring")
     assert await store.claim(key()) is None
     # An already expired record is not written at all.
     assert not (await store.commit(key(), make_record(2, ttl=-1), now=time.time())).written
@@ -164,10 +167,12 @@ async def test_two_routers_racing_commits_end_with_the_later_turn(
 
 
 async def test_held_handles_follow_commits_claims_overwrites_and_expiry(store: Store) -> None:
+    # c2 lives two seconds (far more than the next reads take) and its end is waited for as a
+    # condition: Redis expires it by its own clock, which no test can move.
     names = ["d0", "d1", "never-used"]
     first = make_record(1, decode="d0")
     await store.commit(key("c1"), first, now=time.time())
-    await store.commit(key("c2"), make_record(1, decode="d0", ttl=0.4), now=time.time())
+    await store.commit(key("c2"), make_record(1, decode="d0", ttl=2), now=time.time())
     await store.commit(key("c3"), make_record(1, decode="d1"), now=time.time())
     held = await store.held(names, now=time.time())
     assert (held["d0"].count, held["d1"].count, held["never-used"].count) == (2, 1, 0)
@@ -181,7 +186,7 @@ async def test_held_handles_follow_commits_claims_overwrites_and_expiry(store: S
 
     # A claimed record is no longer held; neither is an expired one.
     assert await store.claim(key("c1")) is not None
-    await asyncio.sleep(0.5)
+    await eventually(lambda: store.get(key("c2")), lambda r: r is None, what="c2 expiring")
     held = await store.held(names, now=time.time())
     assert held["d0"].count == 1
     assert held["d0"].oldest_created_at is not None
@@ -198,9 +203,14 @@ async def test_a_record_that_expired_unclaimed_is_counted_even_when_its_turn_res
 ) -> None:
     # The conversation goes on after its record expired: the new record takes the old one's
     # place, and the unused handle is still counted, on the instance that held it.
+    # The records must be gone from Redis, which expires them by its own clock: a short
+    # lifetime, its end waited for as a condition.
     await store.commit(key("r1"), make_record(1, decode="d0", ttl=0.2), now=time.time())
     await store.commit(key("r2"), make_record(1, decode="d1", ttl=0.2), now=time.time())
-    await asyncio.sleep(0.3)
+    for name in ("r1", "r2"):
+        await eventually(
+            lambda name=name: store.get(key(name)), lambda r: r is None, what=f"{name} expiring"
+        )
     await store.commit(key("r1"), make_record(2, decode="d0"), now=time.time())
     await store.commit(key("r2"), make_record(2, decode="d0"), now=time.time())
     held = await store.held(["d0", "d1"], now=time.time())
