@@ -53,11 +53,20 @@ vllm-env: bootstrap ## build (once) the vLLM CPU environment, LMCache over it, a
 demo: bootstrap ## simulated P/D engines + router + in-process state: a turn-by-turn TTFT report
 	@$(UV) run carryover demo
 
+# The tiers without vLLM wait on processes and sockets far more than they compute: they run on
+# TEST_WORKERS pytest-xdist workers, a module per worker. The real tier runs after them, alone:
+# its engines run at a low priority and would starve beside anything else (docs/test-suite.md).
+TEST_WORKERS ?= 3
+FAST = $(UV) run pytest -m "not real" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
 test: bootstrap redis-server prometheus valgrind vllm-env ## the whole suite (with the real-vLLM tier)
-	@$(UV) run pytest $(PYTEST_ARGS)
+	@# pytest exits 5 when it selected nothing: fine for one of the two runs, not for both.
+	@$(FAST); fast=$$?; [ $$fast = 0 ] || [ $$fast = 5 ] || exit $$fast; \
+	  $(UV) run pytest -m real $(PYTEST_ARGS); real=$$?; \
+	  [ $$real = 0 ] || { [ $$real = 5 ] && [ $$fast = 0 ]; } || exit $$real
 
 test-fast: bootstrap redis-server prometheus valgrind ## everything but the real-vLLM tier
-	@$(UV) run pytest -m "not real" $(PYTEST_ARGS)
+	@$(FAST)
 
 test-vllm: bootstrap redis-server vllm-env ## the real-vLLM tier alone
 	@$(UV) run pytest -m real $(PYTEST_ARGS)

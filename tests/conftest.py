@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,11 @@ settings.load_profile("carryover")
 def pytest_configure(config: pytest.Config) -> None:
     # Whatever the run starts dies with it, also when it is killed (tests/support/reaper.py).
     start_watchdog(config)
+    # A worker of a parallel run (pytest-xdist) draws free ports from a share of its own.
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is not None:
+        count = os.environ["PYTEST_XDIST_WORKER_COUNT"]
+        os.environ["CARRYOVER_PORT_SHARE"] = f"{worker.removeprefix('gw')}/{count}"
 
 
 @pytest.fixture(scope="session")
