@@ -54,19 +54,23 @@ demo: bootstrap ## simulated P/D engines + router + in-process state: a turn-by-
 	@$(UV) run carryover demo
 
 # The tiers without vLLM wait on processes and sockets far more than they compute: they run on
-# TEST_WORKERS pytest-xdist workers, a module per worker. The real tier runs after them, alone:
-# its engines run at a low priority and would starve beside anything else (docs/test-suite.md).
+# TEST_WORKERS pytest-xdist workers, a module per worker. Then one session without workers runs
+# what cannot be split (tests marked serial) and the real tier, alone: its engines run at a
+# low priority and would starve beside anything else (docs/test-suite.md). pytest exits 5 when
+# it selected nothing: fine for one of the two sessions, not for both.
 TEST_WORKERS ?= 3
-FAST = $(UV) run pytest -m "not real" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+PYTEST = $(UV) run pytest
+define two_sessions
+	@$(PYTEST) -m "not real and not serial" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); \
+	  a=$$?; [ $$a = 0 ] || [ $$a = 5 ] || exit $$a; \
+	  $(PYTEST) -m "$(1)" $(PYTEST_ARGS); b=$$?; [ $$b = 0 ] || { [ $$b = 5 ] && [ $$a = 0 ]; } || exit $$b
+endef
 
 test: bootstrap redis-server prometheus valgrind vllm-env ## the whole suite (with the real-vLLM tier)
-	@# pytest exits 5 when it selected nothing: fine for one of the two runs, not for both.
-	@$(FAST); fast=$$?; [ $$fast = 0 ] || [ $$fast = 5 ] || exit $$fast; \
-	  $(UV) run pytest -m real $(PYTEST_ARGS); real=$$?; \
-	  [ $$real = 0 ] || { [ $$real = 5 ] && [ $$fast = 0 ]; } || exit $$real
+	$(call two_sessions,serial or real)
 
 test-fast: bootstrap redis-server prometheus valgrind ## everything but the real-vLLM tier
-	@$(FAST)
+	$(call two_sessions,serial)
 
 test-vllm: bootstrap redis-server vllm-env ## the real-vLLM tier alone
 	@$(UV) run pytest -m real $(PYTEST_ARGS)

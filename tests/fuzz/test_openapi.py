@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import CheckContext, not_a_server_error
@@ -19,6 +20,10 @@ from schemathesis.specs.openapi.checks import (
 
 from bench.procs import Process
 from router.api_schema import openapi_document
+
+# schemathesis gives every operation's test one node id, which pytest-xdist schedules once:
+# this module runs in make test's session without workers.
+pytestmark = pytest.mark.serial
 
 SCHEMA = schemathesis.openapi.from_dict(openapi_document())
 FORBIDDEN = ("kv_transfer_params", "remote_block_ids", "remote_engine_id", "remote_host")

@@ -45,7 +45,11 @@ pytestmark = [pytest.mark.real, pytest.mark.engines("tokens")]
 
 
 @pytest.fixture(scope="module")
-def render_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RenderServerProcess]:
+def render_server(
+    engines: Engines, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RenderServerProcess]:
+    if engines.kind != "tokens":
+        engines.stop()  # the last configuration's pair would take the cores from its start
     server = RenderServerProcess(
         tmp_path_factory.mktemp("render") / "render.log",
         parsers=SERVER_PARSERS,
