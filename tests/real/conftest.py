@@ -193,11 +193,14 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
         "--health-interval",
         "0.5",
         # Two CPU engines keep both cores busy: /health can take seconds, and the router's own
-        # event loop can be starved past the 0.25 s default store deadline.
+        # event loop can be starved past the 0.25 s default store deadline. A CI run saw a
+        # claim time out at 5 s (the turn went cold-error) while D's API server logged nothing
+        # for 40 s: these are failure bounds here, what a store or probe timeout does is tested
+        # against the simulator.
         "--health-timeout",
-        "10",
+        "60",
         "--store-timeout",
-        "5",
+        "60",
         # A router starved for tens of seconds by the engines beside it was seen to miss a
         # 10 s connect deadline to D (its own loop ran late, not D).
         "--connect-timeout",
