@@ -172,13 +172,19 @@ async def test_reset_prefix_cache_empties_the_index_of_p(
     prompt, _ = await first_turn(client, real_router, vllm_pair, nonce, words=120)
     blocks = BLOCKS.format(name=name(p_url))
     held = (await ascrape(client, real_router.url))[blocks]
+
     # vLLM refuses the reset while any block is held (P's until D has read them).
+    async def reset() -> bool:
+        try:
+            r = await client.post(p_url + "/reset_prefix_cache")
+        except httpx.RemoteProtocolError:
+            # vLLM closed the pooled connection as the request went out (its 5 s idle close);
+            # a reset is safe to send again, on a new connection.
+            return False
+        return r.json()["success"] is True
+
     await eventually(
-        lambda: client.post(p_url + "/reset_prefix_cache"),
-        lambda r: r.json()["success"] is True,
-        what="P reset its prefix cache",
-        timeout=120,
-        interval=1.0,
+        reset, lambda done: done, what="P reset its prefix cache", timeout=120, interval=1.0
     )
     p_before = await ascrape(client, p_url)
     r = await completion(client, real_router.url, prompt, conversation=uuid.uuid4().hex[:8])
