@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bench.real.launch import VllmPair
-from state import chunk_size_for
+from state import HashedTokens, chunk_size_for
 from tests.real.helpers import (
     BLOCK,
     SERVED_NAME,
@@ -105,21 +105,17 @@ async def test_the_router_renders_in_process_only_because_vllm_agrees(
 def expected_pull(prompt: list[int], sequence: list[int]) -> tuple[int, str]:
     """What P pulls for ``prompt`` with the handle of ``sequence`` (what D ran and holds, all
     but its last token), and the path the router names: all of it when ``prompt`` extends it,
-    else the whole blocks before the first difference (none under vLLM's 64-token threshold).
-    The router keeps what it stored as digests of whole chunks and the tokens after them
-    (state/prefix.py): a difference inside a chunk cuts the reuse at that chunk's start."""
+    else the whole blocks before the first difference the router can see (none under vLLM's
+    64-token threshold). The router keeps what it stored as digests of whole chunks and the
+    tokens after them, and compares with ``TokenPrefix.common_length``: a difference inside
+    a chunk cuts the reuse at that chunk's start."""
     r_tokens = len(sequence) - 1
-    first_difference = next(
-        (i for i, (a, b) in enumerate(zip(prompt, sequence[:r_tokens], strict=False)) if a != b),
-        min(len(prompt), r_tokens),
-    )
-    if first_difference == r_tokens:
-        return r_tokens, "reuse"
     chunk = chunk_size_for(BLOCK)
-    known = first_difference
-    if first_difference < r_tokens // chunk * chunk:
-        known -= first_difference % chunk
-    usable = min(known, len(prompt) - 1) // BLOCK * BLOCK
+    stored = HashedTokens(sequence, chunk).prefix(r_tokens, output_start=r_tokens)
+    common = min(stored.common_length(HashedTokens(prompt, chunk)), r_tokens)
+    if common == r_tokens and len(prompt) >= r_tokens:
+        return r_tokens, "reuse"
+    usable = min(common, len(prompt) - 1) // BLOCK * BLOCK
     return (usable, "partial") if usable >= 64 else (0, "cold-mismatch")
 
 
