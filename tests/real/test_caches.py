@@ -28,6 +28,7 @@ from tests.real.helpers import (
     tokenize,
     urls,
 )
+from tests.support.http import SAFE_TO_RESEND
 from tests.support.metrics import ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
@@ -173,18 +174,14 @@ async def test_reset_prefix_cache_empties_the_index_of_p(
     blocks = BLOCKS.format(name=name(p_url))
     held = (await ascrape(client, real_router.url))[blocks]
 
-    # vLLM refuses the reset while any block is held (P's until D has read them).
-    async def reset() -> bool:
-        try:
-            r = await client.post(p_url + "/reset_prefix_cache")
-        except httpx.RemoteProtocolError:
-            # vLLM closed the pooled connection as the request went out (its 5 s idle close);
-            # a reset is safe to send again, on a new connection.
-            return False
-        return r.json()["success"] is True
-
+    # vLLM refuses the reset while any block is held (P's until D has read them). Sent twice,
+    # a reset changes nothing more than sent once.
     await eventually(
-        reset, lambda done: done, what="P reset its prefix cache", timeout=120, interval=1.0
+        lambda: client.post(p_url + "/reset_prefix_cache", extensions=SAFE_TO_RESEND),
+        lambda r: r.json()["success"] is True,
+        what="P reset its prefix cache",
+        timeout=120,
+        interval=1.0,
     )
     p_before = await ascrape(client, p_url)
     r = await completion(client, real_router.url, prompt, conversation=uuid.uuid4().hex[:8])

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import httpx
 
+#: A request extension by which a test says that its request, sent twice, changes nothing
+#: more than sent once (``client.post(url, extensions=SAFE_TO_RESEND)``).
+SAFE_TO_RESEND = {"carryover_safe_to_resend": True}
+
 
 class ResendStaleGets(httpx.AsyncHTTPTransport):
-    """Sends a GET once more on a fresh connection when the server closed the pooled one it
-    went out on without answering.
+    """Sends a GET (or a request marked ``SAFE_TO_RESEND``) once more on a fresh connection
+    when the server closed the pooled one it went out on without answering.
 
     A keep-alive expiry below the server's idle close makes that race rare, not impossible: a
-    run on two loaded cores still met it once on a ``/metrics`` scrape of a vLLM engine. A GET
-    changes nothing on the server, so sending it again is what browsers do too; other methods
-    still fail loudly.
+    run on two loaded cores still met it once on a ``/metrics`` scrape of a vLLM engine, and
+    once on a POST of vLLM's ``/reset_prefix_cache``. A GET changes nothing on the server, so
+    sending it again is what browsers do too; other methods fail loudly unless marked.
     """
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return await super().handle_async_request(request)
         except httpx.RemoteProtocolError:
-            if request.method != "GET":
+            if request.method != "GET" and not request.extensions.get("carryover_safe_to_resend"):
                 raise
             return await super().handle_async_request(request)

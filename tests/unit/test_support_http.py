@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.support.http import ResendStaleGets
+from tests.support.http import SAFE_TO_RESEND, ResendStaleGets
 from tests.support.ports import free_port
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok"
@@ -68,3 +68,10 @@ async def test_a_post_is_not_sent_again() -> None:
         await client.post(url, content=b"{}")
         with pytest.raises(httpx.RemoteProtocolError):
             await client.post(url, content=b"{}")
+
+
+async def test_a_post_marked_safe_to_resend_is_sent_again() -> None:
+    resending = httpx.AsyncClient(transport=ResendStaleGets())
+    async with closing_on_second_request() as url, resending as client:
+        await client.post(url, content=b"{}")
+        assert (await client.post(url, content=b"{}", extensions=SAFE_TO_RESEND)).text == "ok"
