@@ -11,19 +11,38 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def tree(pid: int) -> list[int]:
-    """The process and every descendant (a router's workers, say)."""
+    """The process and every descendant (a router's workers, say). Raises
+    ``ProcessLookupError`` when ``pid`` itself is gone; a descendant that ends while the tree
+    is walked is left out."""
+    if not Path(f"/proc/{pid}").exists():
+        raise ProcessLookupError(pid)
     pids = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            pids += tree(int(child))
+    for child in _children(pid):
+        try:
+            pids += tree(child)
+        except ProcessLookupError:
+            continue
     return pids
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children += [int(c) for c in (task / "children").read_text().split()]
+    except FileNotFoundError:
+        pass  # ended after it was listed: whatever it had is gone with it
+    return children
 
 
 def cpu_seconds(pid: int) -> float:
     """User and system CPU of the process tree so far."""
     total = 0
     for p in tree(pid):
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        stat = _read(p, "stat")
+        if stat is None:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime + stime
     return total / _TICKS
 
@@ -33,10 +52,19 @@ def rss_mb(pid: int, *, peak: bool = False) -> float:
     field = "VmHWM:" if peak else "VmRSS:"
     total = 0
     for p in tree(pid):
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+        for line in (_read(p, "status") or "").splitlines():
             if line.startswith(field):
                 total += int(line.split()[1])
     return total / 1024
+
+
+def _read(pid: int, name: str) -> str | None:
+    """``/proc/<pid>/<name>``, or None for a process that ended after the tree was listed
+    (a helper a worker started and reaped between the two reads)."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 def listening_pid(port: int) -> int | None:
