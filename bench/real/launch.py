@@ -1,8 +1,8 @@
 """Start a real vLLM prefill/decode pair on this machine (CPU build, NIXL, bidirectional).
 
 P and D start and stop together: restarting P alone while D ran hung P's start for minutes on
-a 2-core machine (``docs/vllm-protocol.md`` §7). Each instance is pinned to one core, and an idle
-instance keeps a core busy, so stop them when done.
+a 2-core machine (``docs/vllm-protocol.md`` §7). Each instance's model runs on a core of its
+own (``bind_workers``), and an idle instance keeps a core busy, so stop them when done.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from bench.real.env import ensure_env, env_dir
 from bench.real.lmcache import LmcacheServer, ensure_lmcache_env, multi_connector
 from bench.real.process import (
     StartTimedOut,
+    bind_workers,
     offline_env,
     spawn,
     stop_group,
@@ -101,6 +102,11 @@ class VllmInstance:
     replay_port: int = field(default_factory=free_port)
 
     @property
+    def core(self) -> int:
+        """The core its model runs on: P on the first, D on the second."""
+        return 0 if self.role == "prefill" else 1
+
+    @property
     def kv_events(self) -> str:
         """Where a subscriber connects (vLLM binds ``tcp://*:port``)."""
         return f"tcp://127.0.0.1:{self.events_port}"
@@ -167,7 +173,7 @@ class VllmPair:
             args += ["--kv-events-config", json.dumps(events)]
         env = offline_env(
             VLLM_CPU_KVCACHE_SPACE="1",
-            VLLM_CPU_OMP_THREADS_BIND="0" if producer else "1",
+            VLLM_CPU_OMP_THREADS_BIND=str(instance.core),
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(instance.side_port),
             VLLM_LOGGING_LEVEL="INFO",
@@ -224,6 +230,9 @@ class VllmPair:
             except RuntimeError:
                 self.stop()
                 raise
+        for instance in (self.prefill, self.decode):
+            assert instance.popen is not None
+            bind_workers(instance.popen, instance.core)
 
     def warm_up(self, timeout: float = 900.0) -> None:
         """A full bidirectional cycle (P->D, then D->P and P->D again) and a first sampled

@@ -13,9 +13,19 @@ from pathlib import Path
 
 import httpx
 
+from bench.proctree import tree
 from bench.real.env import env_dir
 
-__all__ = ["StartTimedOut", "offline_env", "spawn", "stop_group", "vllm_module", "wait_healthy"]
+__all__ = [
+    "StartTimedOut",
+    "bind_workers",
+    "offline_env",
+    "spawn",
+    "stop_group",
+    "vllm_module",
+    "wait_healthy",
+    "worker_pids",
+]
 
 
 class StartTimedOut(RuntimeError):
@@ -67,6 +77,42 @@ def wait_healthy(
         if time.monotonic() > deadline:
             raise StartTimedOut(f"{what} did not start in time (log: {log})")
         time.sleep(0.5)
+
+
+#: The process title vLLM gives the process that runs the model (``setproctitle``).
+_WORKER_TITLE = "VLLM::Worker"
+
+
+def worker_pids(popen: subprocess.Popen[bytes]) -> list[int]:
+    """The model-running worker processes under a vLLM server."""
+    found = []
+    for pid in tree(popen.pid):
+        try:
+            title = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue  # ended meanwhile
+        if title.startswith(_WORKER_TITLE):
+            found.append(pid)
+    return found
+
+
+def bind_workers(popen: subprocess.Popen[bytes], core: int) -> None:
+    """Every thread of the server's workers on ``core``, where ``VLLM_CPU_OMP_THREADS_BIND``
+    put them. With NixlConnector on the CPU build, the connector's start moves the worker's
+    main thread, which runs the model, to the last core of each NUMA node (vLLM 0.32
+    ``nixl/base_worker.py``, ``os.sched_setaffinity`` for the KV load): on a one-node machine
+    P and D then compute on the same core while the other idles, and every turn and NIXL
+    handshake waits on the shared core (docs/test-suite.md). Threads started later inherit
+    the binding from the thread that starts them."""
+    workers = worker_pids(popen)
+    if not workers:
+        raise RuntimeError(f"no {_WORKER_TITLE} process under pid {popen.pid}")
+    for pid in workers:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                os.sched_setaffinity(int(task.name), {core})
+            except ProcessLookupError:
+                continue  # a thread that ended meanwhile
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

@@ -31,7 +31,7 @@ from bench.multiturn import engine_prompt_sources
 from bench.ports import free_port
 from bench.real.launch import SERVED_NAME, _serve_args, ensure_model
 from bench.real.lmcache import LMCACHE, LmcacheServer, ensure_lmcache_env, multi_connector
-from bench.real.process import offline_env, spawn, stop_group, wait_healthy
+from bench.real.process import bind_workers, offline_env, spawn, stop_group, wait_healthy
 
 __all__ = ["probe"]
 
@@ -86,6 +86,8 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
         started = time.monotonic()
         for (role, url), popen in zip(urls.items(), processes, strict=True):
             wait_healthy(popen, url, out / f"{role}.log", deadline=started + 900, what=role)
+        for core, popen in enumerate(processes):
+            bind_workers(popen, core)
         report["start_s"] = round(time.monotonic() - started, 1)
         report.update(_turns(urls["prefill"], urls["decode"], ttl))
     finally:
