@@ -86,8 +86,8 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
         started = time.monotonic()
         for (role, url), popen in zip(urls.items(), processes, strict=True):
             wait_healthy(popen, url, out / f"{role}.log", deadline=started + 900, what=role)
-        for core, popen in enumerate(processes):
-            bind_workers(popen, core)
+        for model_core, popen in enumerate(processes):  # as VLLM_CPU_OMP_THREADS_BIND says
+            bind_workers(popen, model_core)
         report["start_s"] = round(time.monotonic() - started, 1)
         report.update(_turns(urls["prefill"], urls["decode"], ttl))
     finally:
