@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import operator
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -29,12 +30,15 @@ log = logging.getLogger("carryover.pool")
 #: refused connection takes it out at once.
 _PROBES_TO_DOWN = 3
 
-_GAUGES = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "process_start_time_seconds",
-)
+#: The engine gauges read, and how the label sets of one (an engine's data-parallel ranks, each
+#: with its own ``engine`` label) combine: requests add up; a cache's usage is a fraction of
+#: one rank's cache, so the fullest rank stands for the engine (where pressure shows first).
+_GAUGES: dict[str, Callable[[float, float], float]] = {
+    "vllm:num_requests_running": operator.add,
+    "vllm:num_requests_waiting": operator.add,
+    "vllm:kv_cache_usage_perc": max,
+    "process_start_time_seconds": max,
+}
 
 
 @dataclass
@@ -135,11 +139,13 @@ def _parse_gauges(text: str) -> dict[str, float]:
         if name_end < 0:
             continue
         name = line[:name_end]
-        if name in _GAUGES:
+        combine = _GAUGES.get(name)
+        if combine is not None:
             try:
-                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+                value = float(line.rsplit(" ", 1)[1])
             except ValueError:
                 continue
+            values[name] = combine(values[name], value) if name in values else value
     return values
 
 

@@ -1,0 +1,38 @@
+"""What the router reads from an engine's /metrics: one figure per gauge, whatever the number
+of data-parallel ranks behind the engine."""
+
+from __future__ import annotations
+
+from router.pool import _parse_gauges
+
+TWO_RANKS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 4.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.6
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.7
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.7e9
+"""
+
+
+def test_requests_add_up_across_ranks_and_kv_usage_is_the_fullest_ranks() -> None:
+    gauges = _parse_gauges(TWO_RANKS)
+    assert gauges["vllm:num_requests_running"] == 5.0
+    assert gauges["vllm:num_requests_waiting"] == 5.0
+    # A fraction of one rank's cache: the fullest rank is where pressure shows first. A sum
+    # (1.3) would read as more than full.
+    assert gauges["vllm:kv_cache_usage_perc"] == 0.7
+    assert gauges["process_start_time_seconds"] == 1.7e9
+
+
+def test_one_rank_reads_as_it_is() -> None:
+    one = "\n".join(line for line in TWO_RANKS.splitlines() if 'engine="1"' not in line)
+    gauges = _parse_gauges(one)
+    assert gauges["vllm:kv_cache_usage_perc"] == 0.6
+    assert gauges["vllm:num_requests_running"] == 3.0
