@@ -187,12 +187,14 @@ async def stream(
         try:
             first = True
             async for frame in frames:
-                yield frame
                 if first:
+                    # Before the frame leaves: a scrape that counts the turn (the runner does
+                    # once it has this frame) holds its time to first token too.
                     first = False
                     svc.metrics.ttft.labels(turn_bucket(req.turn or 1)).observe(
                         time.monotonic() - req.started
                     )
+                yield frame
             started.lease.succeeded()
         except UpstreamError as exc:
             # Mid-stream: the client gets an error event (and [DONE]), never a cut stream.

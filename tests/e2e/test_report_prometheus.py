@@ -58,6 +58,10 @@ async def test_prometheus_gives_the_routers_report_and_exact_windows(
         await prom.scraped(
             "sum(carryover_turns_total)", sent + later, what="the later turns scraped"
         )
+        # What the window's TTFT rows read, scraped too (every turn here is streamed).
+        await prom.scraped(
+            "sum(carryover_ttft_seconds_count)", sent + later, what="the later TTFTs scraped"
+        )
         end = time.time()
         found = await asyncio.to_thread(window, prom.url, end - middle, now=end)
         counted = summarize(found.samples, window_s=end - middle, routers=found.routers)
