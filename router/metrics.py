@@ -66,7 +66,10 @@ class RouterMetrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created only doubles a scrape
         r = self.registry = CollectorRegistry()
         self.turns = Counter(
-            "carryover_turns", "Turns by model and path.", ["model", "path"], registry=r
+            "carryover_turns",
+            "Served turns by model and the path the client was told.",
+            ["model", "path"],
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "carryover_prompt_tokens",

@@ -115,6 +115,12 @@ class Prepared:
     kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
     warm_cached: dict[str, int] = field(default_factory=dict)  # tokens held, by warm tier
     tokens: TokensPrompt | None = None  # tokens-only models only
+    planned_reuse: int = 0  # prompt tokens the plan's handle covers, if it is used
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens P got from D's handle: the plan's, on the paths that used it."""
+        return self.planned_reuse if self.path in (TurnPath.REUSE, TurnPath.PARTIAL) else 0
 
     def spend_handle(self, path: TurnPath = TurnPath.COLD_ERROR) -> None:
         """The claimed handle was used or lost: later attempts run cold."""

@@ -67,13 +67,9 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         req.turn = record.turn + 1 if record is not None else 1
     if decided.path is Path.RELEASE:
         svc.metrics.releases.labels(str(decided.reason)).inc()
-    svc.metrics.turns.labels(req.model_name, path).inc()
-    if ids is not None:
-        svc.metrics.prompt_tokens.labels(req.model_name, "reused").inc(decided.reused_tokens)
-        svc.metrics.prompt_tokens.labels(req.model_name, "computed").inc(
-            len(ids) - decided.reused_tokens
-        )
-    return Prepared(ids, hashed, record, decided, path, tokens=tokens)
+    return Prepared(
+        ids, hashed, record, decided, path, tokens=tokens, planned_reuse=decided.reused_tokens
+    )
 
 
 async def _claim(svc: TurnServices, req: TurnRequest) -> tuple[Record | None, bool]:
@@ -108,7 +104,6 @@ async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
     path = TurnPath.COLD_UNCHECKED
-    svc.metrics.turns.labels(req.model_name, path).inc()
     storable = not set(blockers) & _IDS_DO_NOT_DETERMINE_KV
     return Prepared(None, None, None, Plan(Path.COLD, Reason.NO_RECORD), path, storable)
 

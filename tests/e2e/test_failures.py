@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from bench.redis_server import RedisServer
-from tests.support.metrics import ascrape
+from tests.support.metrics import ascrape, turns_by_path
 from tests.support.stack import Stack, chat_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
@@ -82,11 +82,19 @@ async def test_prefill_500_with_a_handle_is_retried_cold(tmp_path: Path) -> None
         chat = Chat(s)
         assert await chat.turn() == "cold-miss"
         await s.client.post(s.decode[0].url + "/sim/faults", json={"advance_clock": 480})
+        before = await turns_by_path(s.client, s.router.url)
         assert await chat.turn() == "cold-error"
         assert (
             await router_counter(s, "carryover_retries_total{cause=prefill_handle_rejected}") == 1
         )
+        # Counted once, by the path the client was told: not as the reuse it was planned as.
+        assert await turns_by_path(s.client, s.router.url) - before == {"cold-error": 1}
         assert await chat.turn() == "reuse"
+        assert await turns_by_path(s.client, s.router.url) == {
+            "cold-miss": 1,
+            "cold-error": 1,
+            "reuse": 1,
+        }
 
 
 async def test_decode_killed_before_first_byte_is_retried(tmp_path: Path) -> None:

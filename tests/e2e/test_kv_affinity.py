@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.sim.server import SimServer
-from tests.support.metrics import ascrape
+from tests.support.metrics import ascrape, turns_by_path
 from tests.support.stack import Stack, chat_turn, first_turn, held_by, reference_chat, stack
 from tests.support.waiting import eventually
 
@@ -95,8 +95,11 @@ async def test_a_short_turn_on_the_decode_that_holds_its_history_skips_p(tmp_pat
         )
         held_before = await held_by(s)
         p_before, d_before = await ascrape(s.client, p.url), await local_hits(s, d)
+        paths_before = await turns_by_path(s.client, s.router.url)
         got = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
         assert got.status == 200 and got.path == "decode-local", got.raw
+        paths = await turns_by_path(s.client, s.router.url) - paths_before
+        assert paths == {"decode-local": 1}  # counted as the client was told, not as reuse
         assert got.content == (await reference_chat(s, messages)).content
         # D served the history from its own cache; P computed nothing for this turn (one
         # token at most: the release of the previous handle, which is a P request).

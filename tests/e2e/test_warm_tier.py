@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.sim.warm_tier import SimWarmTier
-from tests.support.metrics import ascrape
+from tests.support.metrics import ascrape, turns_by_path
 from tests.support.stack import Stack, chat_turn, first_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
@@ -65,8 +65,11 @@ async def test_a_turn_without_its_handle_loads_its_history_from_the_warm_tier(
             assert tier.stored_tokens >= 4 * CHUNK
             await record_expired(s, conversation)
             loaded_before, computed_before = await p_sources(s)
+            paths_before = await turns_by_path(s.client, s.router.url)
             got = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
             assert got.status == 200 and got.path == "warm", got.raw
+            # Counted once, as the client was told: not as the cold-miss it was planned as.
+            assert await turns_by_path(s.client, s.router.url) - paths_before == {"warm": 1}
             assert got.content == (await reference_chat(s, messages)).content
             loaded_after, computed_after = await p_sources(s)
             loaded = loaded_after - loaded_before
