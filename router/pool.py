@@ -10,13 +10,13 @@ import asyncio
 import contextlib
 import functools
 import logging
-import operator
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from router.config import InstanceConfig, ModelConfig, RouterConfig
+from router.engine_gauges import parse_gauges
 from router.errors import EngineUnavailable, UpstreamError
 from router.metrics import RouterMetrics
 from router.upstream import Upstream
@@ -29,16 +29,6 @@ log = logging.getLogger("carryover.pool")
 #: Consecutive failed probes (timeouts, errors) before an instance is taken out of rotation; a
 #: refused connection takes it out at once.
 _PROBES_TO_DOWN = 3
-
-#: The engine gauges read, and how the label sets of one (an engine's data-parallel ranks, each
-#: with its own ``engine`` label) combine: requests add up; a cache's usage is a fraction of
-#: one rank's cache, so the fullest rank stands for the engine (where pressure shows first).
-_GAUGES: dict[str, Callable[[float, float], float]] = {
-    "vllm:num_requests_running": operator.add,
-    "vllm:num_requests_waiting": operator.add,
-    "vllm:kv_cache_usage_perc": max,
-    "process_start_time_seconds": max,
-}
 
 
 @dataclass
@@ -128,25 +118,6 @@ class Instance:
         """Requests this router has in flight there plus what the engine reports queued, with
         KV pressure as a tie-breaker."""
         return self.in_flight + self.waiting + self.kv_usage
-
-
-def _parse_gauges(text: str) -> dict[str, float]:
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        if name_end < 0:
-            continue
-        name = line[:name_end]
-        combine = _GAUGES.get(name)
-        if combine is not None:
-            try:
-                value = float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
-            values[name] = combine(values[name], value) if name in values else value
-    return values
 
 
 class Lease:
@@ -335,7 +306,7 @@ class InstancePool:
             return
         try:
             metrics = await self._upstream.get(f"{instance.url}/metrics", timeout=timeout)
-            gauges = _parse_gauges(metrics.text)
+            gauges = parse_gauges(metrics.text)
         except UpstreamError:
             gauges = {}
         start = gauges.get("process_start_time_seconds")

@@ -3,7 +3,7 @@ of data-parallel ranks behind the engine."""
 
 from __future__ import annotations
 
-from router.pool import _parse_gauges
+from router.engine_gauges import parse_gauges
 
 TWO_RANKS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -22,7 +22,7 @@ process_start_time_seconds 1.7e9
 
 
 def test_requests_add_up_across_ranks_and_kv_usage_is_the_fullest_ranks() -> None:
-    gauges = _parse_gauges(TWO_RANKS)
+    gauges = parse_gauges(TWO_RANKS)
     assert gauges["vllm:num_requests_running"] == 5.0
     assert gauges["vllm:num_requests_waiting"] == 5.0
     # A fraction of one rank's cache: the fullest rank is where pressure shows first. A sum
@@ -33,6 +33,6 @@ def test_requests_add_up_across_ranks_and_kv_usage_is_the_fullest_ranks() -> Non
 
 def test_one_rank_reads_as_it_is() -> None:
     one = "\n".join(line for line in TWO_RANKS.splitlines() if 'engine="1"' not in line)
-    gauges = _parse_gauges(one)
+    gauges = parse_gauges(one)
     assert gauges["vllm:kv_cache_usage_perc"] == 0.6
     assert gauges["vllm:num_requests_running"] == 3.0
