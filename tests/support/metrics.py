@@ -7,6 +7,9 @@ from collections import Counter
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.report.samples import parse as parse_samples
+from router.report.summary import summarize
+
 
 def parse(text: str) -> dict[str, float]:
     """``{"name{label=value,...}": value}`` with labels sorted (model and engine left out);
@@ -24,22 +27,10 @@ def parse(text: str) -> dict[str, float]:
     return values
 
 
-def by_label(values: dict[str, float], name: str, label: str) -> Counter[str]:
-    """``name``'s samples summed by one label (``parse``'s keys), every other label summed
-    over: ``by_label(values, "carryover_turns_total", "path")``."""
-    counts: Counter[str] = Counter()
-    for key, value in values.items():
-        if not key.startswith(name + "{"):
-            continue
-        labels = dict(pair.split("=", 1) for pair in key[len(name) + 1 : -1].split(","))
-        if label in labels:
-            counts[labels[label]] += int(value)
-    return +counts  # label values counted 0 are left out, as in a Counter of what was seen
-
-
 async def turns_by_path(client: httpx.AsyncClient, router_url: str) -> Counter[str]:
-    """The router's ``carryover_turns_total`` by path."""
-    return by_label(await ascrape(client, router_url), "carryover_turns_total", "path")
+    """The router's turns by path, as ``carryover report`` reads them from its ``/metrics``."""
+    samples, _ = parse_samples((await client.get(f"{router_url}/metrics")).text)
+    return Counter(summarize(samples, window_s=None, routers=1).turns_by_path)
 
 
 def scrape(base_url: str) -> dict[str, float]:
