@@ -6,7 +6,8 @@ import httpx
 
 #: A request extension by which a test says that its request, sent twice, changes nothing
 #: more than sent once (``client.post(url, extensions=SAFE_TO_RESEND)``).
-SAFE_TO_RESEND = {"carryover_safe_to_resend": True}
+_SAFE_KEY = "carryover_safe_to_resend"
+SAFE_TO_RESEND = {_SAFE_KEY: True}
 
 
 class ResendStaleGets(httpx.AsyncHTTPTransport):
@@ -23,6 +24,6 @@ class ResendStaleGets(httpx.AsyncHTTPTransport):
         try:
             return await super().handle_async_request(request)
         except httpx.RemoteProtocolError:
-            if request.method != "GET" and not request.extensions.get("carryover_safe_to_resend"):
+            if request.method != "GET" and not request.extensions.get(_SAFE_KEY):
                 raise
             return await super().handle_async_request(request)
