@@ -35,6 +35,9 @@ from bench.real.process import bind_workers, offline_env, spawn, stop_group, wai
 
 __all__ = ["probe"]
 
+#: Each engine's role and the core its model runs on.
+_CORES = (("prefill", 0), ("decode", 1))
+
 
 def _kv_config(role: str, server: LmcacheServer, ttl: float) -> dict[str, Any]:
     producer = role == "prefill"
@@ -66,7 +69,7 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
     try:
         server.start()
         urls: dict[str, str] = {}
-        for role, core in (("prefill", "0"), ("decode", "1")):
+        for role, core in _CORES:
             port = free_port()
             args = [
                 *("nice", "-n", "10", str(python), "-m", "vllm.entrypoints.openai.api_server"),
@@ -76,7 +79,7 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
             ]
             env = offline_env(
                 VLLM_CPU_KVCACHE_SPACE="1",
-                VLLM_CPU_OMP_THREADS_BIND=core,  # one core each: two spinning engines
+                VLLM_CPU_OMP_THREADS_BIND=str(core),  # one core each: two spinning engines
                 VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                 VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
                 VLLM_SERVER_DEV_MODE="1",  # POST /reset_prefix_cache
@@ -86,8 +89,8 @@ def probe(out: Path, *, ttl: float = 40.0) -> dict[str, Any]:
         started = time.monotonic()
         for (role, url), popen in zip(urls.items(), processes, strict=True):
             wait_healthy(popen, url, out / f"{role}.log", deadline=started + 900, what=role)
-        for model_core, popen in enumerate(processes):  # as VLLM_CPU_OMP_THREADS_BIND says
-            bind_workers(popen, model_core)
+        for popen, (_, core) in zip(processes, _CORES, strict=True):
+            bind_workers(popen, core)
         report["start_s"] = round(time.monotonic() - started, 1)
         report.update(_turns(urls["prefill"], urls["decode"], ttl))
     finally:
