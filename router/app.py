@@ -17,7 +17,7 @@ from litestar.exceptions import HTTPException
 
 from router.auth import Authenticator
 from router.config import RouterConfig
-from router.errors import CarryoverError, error_body
+from router.errors import CarryoverError, error_body, http_error_type
 from router.held import report_held_forever
 from router.inference import chat_completions, completions, models
 from router.kv.metrics import KvMetrics
@@ -65,8 +65,7 @@ def _handle_carryover(_: Request[Any, Any, Any], exc: CarryoverError) -> Respons
 
 def _handle_http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
-    kinds = {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestTooLargeError"}
-    kind = kinds.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+    kind = http_error_type(status)
     message = exc.detail if status < 500 else "internal error"
     return json_response(status, error_body(status, str(message), kind))
 
@@ -173,6 +172,7 @@ def create_app(
             for model in config.models
             if model.tokens_only
         ]
+        publishing = asyncio.create_task(metrics_.publish_forever())
         trim_heap()  # what startup parsed and dropped (the tokenizer's files)
         try:
             yield
@@ -186,6 +186,7 @@ def create_app(
                 task.cancel()
             held.cancel()
             relief.cancel()
+            publishing.cancel()
             renderers.stop()
             await kv.stop()
             await runner.drain_background()
@@ -194,6 +195,7 @@ def create_app(
             if owned_store:
                 await backend.close()
             await asyncio.to_thread(services.tracing.shutdown)  # flushes the last spans
+            metrics_.worker_exited()
 
     return Litestar(
         route_handlers=[

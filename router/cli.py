@@ -6,11 +6,13 @@ This module is the only one that reads argv, the environment and config files.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
+import tempfile
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,6 +20,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from router.config import CONFIG_ENV, ConfigError, RouterConfig
+from router.metrics import MULTIPROC_ENV
 
 __all__ = ["load_config", "main"]
 
@@ -339,6 +342,36 @@ def _serve(argv: Sequence[str]) -> None:
 
     config = load_config(argv)
     os.environ[CONFIG_ENV] = msgspec.json.encode(config).decode()
+    with _worker_metrics(config.workers or 1):
+        _run_uvicorn(uvicorn, config)
+
+
+@contextlib.contextmanager
+def _worker_metrics(workers: int) -> Iterator[None]:
+    """Several workers share one view of the metrics (router/metrics.py): their samples go to
+    files in ``PROMETHEUS_MULTIPROC_DIR``, the operator's folder if set (emptied now: samples
+    of an earlier run would add up with these), else a temporary one removed at exit."""
+    if workers <= 1:
+        yield
+        return
+    given = os.environ.get(MULTIPROC_ENV)
+    if given:
+        folder = Path(given)
+        if not folder.is_dir():
+            raise ConfigError(f"{MULTIPROC_ENV}={given} is not a directory")
+        for stale in folder.glob("*.db"):
+            stale.unlink()
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="carryover-metrics-") as made:
+        os.environ[MULTIPROC_ENV] = made
+        try:
+            yield
+        finally:
+            del os.environ[MULTIPROC_ENV]
+
+
+def _run_uvicorn(uvicorn: Any, config: RouterConfig) -> None:
     uvicorn.run(
         "router.asgi:build",
         factory=True,

@@ -40,6 +40,7 @@ __all__ = [
     "Unauthorized",
     "UpstreamError",
     "error_body",
+    "http_error_type",
     "is_client_fault",
     "sse_error",
 ]
@@ -143,6 +144,18 @@ class EngineTimeout(UpstreamError):
 
 
 _encoder = msgspec.json.Encoder()
+
+_HTTP_ERROR_TYPES = {
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
+}
+
+
+def http_error_type(status: int) -> str:
+    """The error type of a status the web framework raised (routing, body size)."""
+    fallback = "BadRequestError" if status < 500 else "InternalServerError"
+    return _HTTP_ERROR_TYPES.get(status, fallback)
 
 
 def error_body(status: int, message: str, error_type: str, param: str | None = None) -> bytes:

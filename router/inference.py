@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response, asgi, get
-from litestar.exceptions import MethodNotAllowedException
+from litestar.exceptions import HTTPException, MethodNotAllowedException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from router.answers import Answer, DisconnectWatch, EventStream
-from router.errors import CarryoverError, ClientGone, EngineUnavailable
+from router.errors import CarryoverError, ClientGone, EngineUnavailable, http_error_type
 from router.openai import ChatView, parse_body
 from router.services import (
     Services,
@@ -92,8 +92,25 @@ async def _body(receive: Receive, headers: Mapping[str, str], limit: int) -> byt
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+class _Labels:
+    """What a response is counted under (``carryover_responses``), filled in as it is known."""
+
+    __slots__ = ("model",)
+
+    def __init__(self) -> None:
+        self.model = ""  # the served model's name, once resolved: never a client's guess
+
+
+def _status_of(exc: Exception) -> tuple[str, str]:
+    if isinstance(exc, CarryoverError):
+        return str(exc.status_code), exc.error_type
+    if isinstance(exc, HTTPException):
+        return str(exc.status_code), http_error_type(exc.status_code)
+    return "500", "InternalServerError"
+
+
 async def _generate(
-    scope: Scope, receive: Receive, watch: DisconnectWatch, *, chat: bool
+    scope: Scope, receive: Receive, watch: DisconnectWatch, labels: _Labels, *, chat: bool
 ) -> ASGIApp:
     if scope.get("method") != "POST":  # a WebSocket scope has none
         raise MethodNotAllowedException(headers={"Allow": "POST"})
@@ -106,6 +123,7 @@ async def _generate(
     body, view = parse_body(raw, chat=chat, max_messages=services.config.max_messages)
     conversation_id = _conversation_id(services, headers, body)
     model, model_name = resolve_model(services, view.model)
+    labels.model = model_name
     key = None
     if conversation_id is not None:
         key = conversation_key(tenant, model_name, conversation_id)
@@ -189,8 +207,17 @@ async def _generate(
 # the app's exception handlers; the OpenAPI document is router.api_schema's.
 async def _serve(scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
     watch = DisconnectWatch(receive)
+    labels = _Labels()
+    responses = scope["litestar_app"].state.services.metrics.responses
     try:
-        answer = await _generate(scope, receive, watch, chat=chat)
+        try:
+            answer = await _generate(scope, receive, watch, labels, chat=chat)
+        except Exception as exc:
+            responses.labels(labels.model, *_status_of(exc)).inc()
+            raise
+        # A stream's status is sent now; an error after it is an event in the stream
+        # (``carryover_stream_errors``).
+        responses.labels(labels.model, "200", "").inc()
         await answer(scope, receive, send)
     finally:
         watch.close()

@@ -1,13 +1,39 @@
-"""The router's Prometheus metrics (names documented in README's Operations section)."""
+"""The router's Prometheus metrics (names documented in README's Operations section).
+
+With several workers (``carryover serve --workers N``) every worker writes its samples to
+files in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, set up by
+``router.cli``) and ``/metrics`` answers, from whichever worker takes the scrape, the sum over
+all of them: one consistent view per router. Each gauge says how its workers' values combine.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import os
+from collections.abc import Callable
 from typing import Any, Self
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client import multiprocess as _multiprocess
 
-__all__ = ["Counter", "Gauge", "Histogram", "RouterMetrics", "turn_bucket"]
+__all__ = [
+    "MULTIPROC_ENV",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "RouterMetrics",
+    "multiprocess_dir",
+    "turn_bucket",
+    "turn_label",
+]
+
+#: Where prometheus_client's multiprocess mode keeps each worker's samples.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
 
 
 class _RemembersChildren:
@@ -51,6 +77,12 @@ _TTFT = (
 )
 
 
+def turn_label(turn: int | None, conversation: bool) -> str:
+    """The ``turn`` label of a turn's latencies: its bucket, or empty (Prometheus reads an
+    empty label as none) for a request without a conversation, whose turn means nothing."""
+    return turn_bucket(turn or 1) if conversation else ""
+
+
 def turn_bucket(turn: int) -> str:
     """Turn index as a bounded label: 1, 2, 3-5, 6-10, 11-20, 21+."""
     if turn <= 2:
@@ -65,6 +97,10 @@ class RouterMetrics:
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # _created only doubles a scrape
         r = self.registry = CollectorRegistry()
+        self.multiprocess = multiprocess_dir() is not None
+        # Gauges read from the router's state when scraped. In multiprocess mode a scrape
+        # reads files, not other workers' memory: each worker writes them (``publish``).
+        self._sampled: list[tuple[Gauge, Callable[[], float]]] = []
         self.turns = Counter(
             "carryover_turns",
             "Served turns by model and the path the client was told.",
@@ -79,9 +115,39 @@ class RouterMetrics:
         )
         self.ttft = Histogram(
             "carryover_ttft_seconds",
-            "Time to first streamed byte, by turn index.",
-            ["turn"],
+            "Time to first streamed byte, by model and turn index (no turn without a "
+            "conversation).",
+            ["model", "turn"],
             buckets=_TTFT,
+            registry=r,
+        )
+        self.prefilled = Histogram(
+            "carryover_prefill_done_seconds",
+            "Time from a request's arrival to P's answer (the prompt's KV ready for D), "
+            "streamed or not, by model and turn index: what a handle shortens.",
+            ["model", "turn"],
+            buckets=_TTFT,
+            registry=r,
+        )
+        self.answered = Histogram(
+            "carryover_answer_seconds",
+            "Time from a request's arrival to its whole answer, by model, turn index and "
+            "whether it streamed.",
+            ["model", "turn", "stream"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.responses = Counter(
+            "carryover_responses",
+            "Responses to inference requests by model (empty until the model is known), "
+            "HTTP status and error type (empty for a success).",
+            ["model", "status", "error"],
+            registry=r,
+        )
+        self.stream_errors = Counter(
+            "carryover_stream_errors",
+            "Streams that ended in an error event after their 200, by model and error type.",
+            ["model", "error"],
             registry=r,
         )
         self.e2e = Histogram(
@@ -120,12 +186,14 @@ class RouterMetrics:
             "carryover_instance_up",
             "1 if the instance answers health checks.",
             ["server", "role"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.breaker_open = Gauge(
             "carryover_breaker_open",
             "1 if the instance's circuit is open or half-open.",
             ["server"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.handle_age = Histogram(
@@ -138,12 +206,14 @@ class RouterMetrics:
             "carryover_decode_handles",
             "Handles of stored records whose KV blocks the decode instance holds.",
             ["server"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.held_oldest = Gauge(
             "carryover_decode_handle_oldest_age_seconds",
             "Age of the oldest such handle (0 when there is none).",
             ["server"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.held_expired = Counter(
@@ -179,19 +249,58 @@ class RouterMetrics:
             "The default renderer's state per model, 1 for the current one: agrees renders in "
             "this process, the others through P's /tokenize.",
             ["model", "state"],
+            multiprocess_mode="livemax",
             registry=r,
         )
-        self.in_flight = Gauge("carryover_in_flight", "Requests in flight.", registry=r)
+        self.in_flight = Gauge(
+            "carryover_in_flight",
+            "Requests in flight.",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
         self.instance_in_flight = Gauge(
             "carryover_instance_in_flight",
             "Requests this router has in flight at the instance.",
             ["server"],
+            multiprocess_mode="livesum",
             registry=r,
         )
 
     def instance_up(self, name: str, role: str, up: bool) -> None:
         self.up.labels(name, role).set(1 if up else 0)
 
+    def sampled(self, gauge: Gauge, read: Callable[[], float]) -> None:
+        """``gauge`` reads ``read()``: when scraped in one process, else at each ``publish``."""
+        if self.multiprocess:
+            self._sampled.append((gauge, read))
+            gauge.set(read())
+        else:
+            gauge.set_function(read)
+
+    def publish(self) -> None:
+        """Write the sampled gauges where other workers' scrapes read them (multiprocess)."""
+        for gauge, read in self._sampled:
+            gauge.set(read())
+
+    async def publish_forever(self, interval: float = 1.0) -> None:
+        """Keep the sampled gauges fresh for other workers' scrapes (at most ``interval``
+        old); nothing to do in one process."""
+        while self._sampled:
+            self.publish()
+            await asyncio.sleep(interval)
+
     def render(self) -> bytes:
-        data: bytes = generate_latest(self.registry)
-        return data
+        """The scrape: this process's registry, or every worker's samples combined."""
+        if not self.multiprocess:
+            data: bytes = generate_latest(self.registry)
+            return data
+        self.publish()
+        combined = CollectorRegistry()
+        _multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
+        merged: bytes = generate_latest(combined)
+        return merged
+
+    def worker_exited(self) -> None:
+        """Drop this worker's live gauges (its counters stay: they keep counting up)."""
+        if self.multiprocess:
+            _multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]

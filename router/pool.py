@@ -163,11 +163,13 @@ class InstancePool:
         # Read when scraped, not set per request: a lease would set it twice, and every
         # request's outcome would set the breaker's.
         for instance in self.instances:
-            metrics.instance_in_flight.labels(instance.name).set_function(
-                functools.partial(_in_flight, instance)
+            metrics.sampled(
+                metrics.instance_in_flight.labels(instance.name),
+                functools.partial(_in_flight, instance),
             )
-            metrics.breaker_open.labels(instance.name).set_function(
-                functools.partial(_breaker_open, instance.breaker)
+            metrics.sampled(
+                metrics.breaker_open.labels(instance.name),
+                functools.partial(_breaker_open, instance.breaker),
             )
         self._task: asyncio.Task[None] | None = None
         #: Called with an instance whose process restarted (what it held is gone).

@@ -43,7 +43,7 @@ class Services:
 
     def __post_init__(self) -> None:
         # Read when scraped: a request would otherwise set it twice.
-        self.metrics.in_flight.set_function(lambda: self.in_flight)
+        self.metrics.sampled(self.metrics.in_flight, lambda: self.in_flight)
 
 
 def json_response(

@@ -67,6 +67,29 @@ def build() -> Dashboard:
         )
         .with_panel(
             _panel(
+                "Prompt ready at D by turn, p50 (streamed or not)",
+                "s",
+                "Arrival to P's answer: what a handle shortens, for agent backends' whole "
+                "answers too. Requests without a conversation have no turn.",
+                _query(
+                    _quantile(0.5, "carryover_prefill_done_seconds", "turn", 'turn!=""'),
+                    "turn {{turn}}",
+                ),
+            )
+        )
+        .with_panel(
+            _panel(
+                "Whole answer by turn, p50",
+                "s",
+                "Arrival to the last byte, streamed and not.",
+                _query(
+                    _quantile(0.5, "carryover_answer_seconds", "turn, stream", 'turn!=""'),
+                    "turn {{turn}} stream={{stream}}",
+                ),
+            )
+        )
+        .with_panel(
+            _panel(
                 "Turns by path",
                 "reqps",
                 "reuse, partial, warm, decode-local and the cold paths (README, X-Carryover-Path).",
@@ -115,6 +138,22 @@ def build() -> Dashboard:
             )
         )
         .with_row(Row("Health"))
+        .with_panel(
+            _panel(
+                "Responses by status and error",
+                "reqps",
+                "Every inference response by HTTP status and error type, and streams that "
+                "ended in an error event after their 200.",
+                _query(
+                    f"sum by (status, error) (rate(carryover_responses_total{RATE}))",
+                    "{{status}} {{error}}",
+                ),
+                _query(
+                    f"sum by (error) (rate(carryover_stream_errors_total{RATE}))",
+                    "mid-stream {{error}}",
+                ),
+            )
+        )
         .with_panel(
             _panel(
                 "Retries and breakers",

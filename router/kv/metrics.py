@@ -16,6 +16,7 @@ class KvMetrics:
             "carryover_kv_index_blocks",
             "Blocks the KV index holds for the instance (all tiers).",
             ["server"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.events = Counter(
@@ -46,6 +47,7 @@ class KvMetrics:
             "carryover_kv_event_lag_seconds",
             "Age of the newest applied batch when it was applied (engine clock vs ours).",
             ["server"],
+            multiprocess_mode="livemax",
             registry=r,
         )
         self.cached_tokens = Counter(
@@ -64,6 +66,7 @@ class KvMetrics:
             "carryover_warm_tier_up",
             "1 while the warm tier answers its health check (always 1 without one).",
             ["tier"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.warm_turns = Counter(

@@ -22,6 +22,8 @@ TURN_BUCKETS = ("1", "2", "3-5", "6-10", "11-20", "21+")
 #: The series the report reads: what a Prometheus server is asked for.
 READ_COUNTERS = (
     "carryover_ttft_seconds_bucket",
+    "carryover_prefill_done_seconds_bucket",
+    "carryover_responses_total",
     "carryover_turns_total",
     "carryover_prompt_tokens_total",
     "carryover_warm_tier_turns_total",
@@ -54,6 +56,8 @@ class Report(msgspec.Struct, frozen=True):
     window_s: float | None  # None: everything since the routers started
     routers: int
     ttft: list[TurnTtft]
+    #: arrival to P's answer by turn, streamed or not (what a handle shortens)
+    prompt_ready: list[TurnTtft]
     #: p50 of turns 3-5 and 6-10 over p50 of turn 1 (streamed turns).
     ratio_3_5: float | None
     ratio_6_10: float | None
@@ -67,6 +71,7 @@ class Report(msgspec.Struct, frozen=True):
     handles_released: dict[str, int]
     handles_left_to_expire: dict[str, int]
     decode_held: dict[str, DecodeHeld]
+    responses: dict[str, int]  # by HTTP status
 
     @property
     def reused_share(self) -> float | None:
@@ -128,14 +133,16 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
 
-def summarize(samples: Samples, *, window_s: float | None, routers: int) -> Report:
-    ttft_hist = _histogram(samples, "carryover_ttft_seconds", "turn")
-    ttft = []
+def _by_turn(samples: Samples, name: str) -> list[TurnTtft]:
+    """A latency histogram's count and quantiles per turn bucket, in turn order (requests
+    without a conversation have no turn and are left out)."""
+    hist = _histogram(samples, name, "turn")
+    rows = []
     for turns in TURN_BUCKETS:
-        buckets = ttft_hist.get(turns)
+        buckets = hist.get(turns)
         if not buckets or buckets[-1][1] <= 0:
             continue
-        ttft.append(
+        rows.append(
             TurnTtft(
                 turns,
                 round(buckets[-1][1]),
@@ -143,6 +150,11 @@ def summarize(samples: Samples, *, window_s: float | None, routers: int) -> Repo
                 _ms(quantile(0.99, buckets)),
             )
         )
+    return rows
+
+
+def summarize(samples: Samples, *, window_s: float | None, routers: int) -> Report:
+    ttft = _by_turn(samples, "carryover_ttft_seconds")
     p50 = {row.turns: row.p50_ms for row in ttft}
 
     def ratio(turns: str) -> float | None:
@@ -156,6 +168,7 @@ def summarize(samples: Samples, *, window_s: float | None, routers: int) -> Repo
         window_s=window_s,
         routers=routers,
         ttft=ttft,
+        prompt_ready=_by_turn(samples, "carryover_prefill_done_seconds"),
         ratio_3_5=ratio("3-5"),
         ratio_6_10=ratio("6-10"),
         turns_by_path=_by(samples, "carryover_turns_total", "path"),
@@ -171,6 +184,7 @@ def summarize(samples: Samples, *, window_s: float | None, routers: int) -> Repo
             name: DecodeHeld(round(count), round(oldest.get(name, 0.0), 1))
             for name, count in sorted(held.items())
         },
+        responses=_by(samples, "carryover_responses_total", "status"),
     )
 
 
@@ -212,6 +226,15 @@ def markdown(report: Report) -> str:
         ]
     else:
         lines.append("no streamed turns")
+    lines += ["", "## Prompt ready at D (P answered), by turn, streamed or not", ""]
+    if report.prompt_ready:
+        lines += ["| turns | count | p50 | p99 |", "|---|---|---|---|"]
+        lines += [
+            f"| {r.turns} | {r.count} | {_fmt(r.p50_ms, ' ms')} | {_fmt(r.p99_ms, ' ms')} |"
+            for r in report.prompt_ready
+        ]
+    else:
+        lines.append("no turn of a conversation had a P leg")
     share = report.reused_share
     lines += [
         "",
@@ -236,7 +259,9 @@ def markdown(report: Report) -> str:
         ]
     lines += [
         "",
-        "## Store errors and retries",
+        "## Responses and store errors and retries",
+        "",
+        *_counts("HTTP status", report.responses),
         "",
         *_counts("store call", report.store_errors),
         "",

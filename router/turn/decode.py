@@ -22,7 +22,6 @@ from router.errors import (
     is_client_fault,
     sse_error,
 )
-from router.metrics import turn_bucket
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_decode
 from router.pool import Instance
@@ -167,7 +166,9 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
     output.collect(started.answer)
     await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
     data = await engine_api(req.model).answer(svc, req, prepared, started.answer, output)
-    svc.metrics.e2e.labels("false").observe(time.monotonic() - req.started)
+    elapsed = time.monotonic() - req.started
+    svc.metrics.e2e.labels("false").observe(elapsed)
+    svc.metrics.answered.labels(req.model_name, req.turn_label, "false").observe(elapsed)
     return data
 
 
@@ -191,7 +192,7 @@ async def stream(
                     # Before the frame leaves: a scrape that counts the turn (the runner does
                     # once it has this frame) holds its time to first token too.
                     first = False
-                    svc.metrics.ttft.labels(turn_bucket(req.turn or 1)).observe(
+                    svc.metrics.ttft.labels(req.model_name, req.turn_label).observe(
                         time.monotonic() - req.started
                     )
                 yield frame
@@ -199,6 +200,7 @@ async def stream(
         except UpstreamError as exc:
             # Mid-stream: the client gets an error event (and [DONE]), never a cut stream.
             started.lease.failed(exc)
+            svc.metrics.stream_errors.labels(req.model_name, exc.error_type).inc()
             log.warning("decode stream failed mid-way: %s", exc.message)
             yield sse_error(exc)
             return
@@ -206,4 +208,6 @@ async def stream(
             await frames.aclose()
         await engine_api(req.model).after_stream(svc, req, prepared, output, started.decode)
         await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
-        svc.metrics.e2e.labels("true").observe(time.monotonic() - req.started)
+        elapsed = time.monotonic() - req.started
+        svc.metrics.e2e.labels("true").observe(elapsed)
+        svc.metrics.answered.labels(req.model_name, req.turn_label, "true").observe(elapsed)

@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 
 from router.config import ModelConfig
 from router.kv.index import Cached, Prompt
+from router.metrics import turn_label
 from router.pool import Instance, Lease
 from router.tracing import NO_TRACE, TurnTrace
 from state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
@@ -39,6 +40,8 @@ class TurnPath(StrEnum):
     REUSE = "reuse"  #: the whole stored handle
     PARTIAL = "partial"  #: the handle cut to the blocks before a divergence
     COLD_MISS = "cold-miss"  #: no record
+    #: no conversation id: nothing to keep or reuse (a turn of nothing)
+    NO_CONVERSATION = "no-conversation"
     COLD_MISMATCH = "cold-mismatch"  #: nothing reusable: the handle was released
     COLD_EXPIRED = "cold-expired"  #: the record's decode instance restarted, or it expired
     COLD_ERROR = "cold-error"  #: store or render down, or P refused the handle
@@ -82,6 +85,10 @@ class TurnRequest:
     @property
     def path(self) -> str:
         return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+    @property
+    def turn_label(self) -> str:
+        return turn_label(self.turn, self.key is not None)
 
 
 @dataclass(frozen=True)

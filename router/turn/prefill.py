@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
@@ -86,6 +87,9 @@ async def run_prefill(
                     tried.add(instance)
                     continue
                 lease.succeeded()
+                svc.metrics.prefilled.labels(req.model_name, req.turn_label).observe(
+                    time.monotonic() - req.started
+                )
                 if not with_handle:
                     note_warm_stored(svc, prepared, instance)
                 return instance, params

@@ -62,7 +62,12 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         chunk = record.prefix.chunk_size if record else chunk_size_for(req.model.block_size)
         hashed = HashedTokens(ids, chunk)
     decided = _plan(svc, req, record, hashed)
-    path = TurnPath.COLD_ERROR if (ids is None or store_failed) else path_of(decided)
+    if req.key is None:
+        path = TurnPath.NO_CONVERSATION
+    elif ids is None or store_failed:
+        path = TurnPath.COLD_ERROR
+    else:
+        path = path_of(decided)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
     if decided.path is Path.RELEASE:

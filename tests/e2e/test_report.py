@@ -1,5 +1,6 @@
 """``carryover report`` against two routers under the simulator with known traffic: the numbers
-it prints are what was sent (router/report)."""
+it prints are what was sent (router/report), and each router's ``/metrics`` is one view of all
+its workers, whichever worker answers the scrape."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from tests.support.waiting import eventually
 TEXT = "Tell me, part {i}, how a lighthouse keeper spent the long winter nights on the rock. "
 
 
-async def test_the_report_adds_up_two_routers_turn_by_turn(
+async def test_the_report_adds_up_two_routers_of_two_workers_turn_by_turn(
     tmp_path: Path, redis_server: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    flags = ("--redis", redis_server.url, "--held-interval", "0.2")
+    flags = ("--redis", redis_server.url, "--held-interval", "0.2", "--workers", "2")
     # P keeps no prefix cache: what it did not compute, it pulled through a handle.
     p_sim = {"enable_prefix_caching": False}
     async with stack(
@@ -34,6 +35,21 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
         # One non-streamed turn without a conversation: a path, but no streamed TTFT.
         plain = await chat_turn(s.client, s.router.url, [{"role": "user", "content": "Hi."}])
         assert plain.status == 200
+        # And one refused before its model is known: counted by status, without a model.
+        bad = await s.client.post(f"{s.router.url}/v1/chat/completions", json={"messages": 7})
+        assert bad.status_code == 400
+
+        # Every scrape, whichever worker takes it, reads every turn of both workers once.
+        for _ in range(12):
+            views = [await ascrape(s.client, r.url) for r in s.routers]
+            assert sum(v["carryover_turns_total:sum"] for v in views) == 10
+            assert sum(v["carryover_ttft_seconds_count:sum"] for v in views) == 9
+            ok = "carryover_responses_total{error=,model=sim-qwen3,status=200}"
+            assert sum(v.get(ok, 0) for v in views) == 10
+            refused = "carryover_responses_total{error=BadRequestError,model=,status=400}"
+            assert views[0][refused] == 1
+            answered = "carryover_answer_seconds_count{model=sim-qwen3,stream=false,turn=}"
+            assert views[0][answered] == 1  # the turn without a conversation has no turn
 
         async def fleet_view() -> float:
             values = await ascrape(s.client, s.routers[1].url)
@@ -50,7 +66,12 @@ async def test_the_report_adds_up_two_routers_turn_by_turn(
         assert all(0 < row["p50_ms"] <= row["p99_ms"] for row in by_turn.values())
         paths = report["turns_by_path"]
         assert sum(paths.values()) == 10
-        assert paths["cold-miss"] == 4  # three first turns and the turn without a conversation
+        assert paths["cold-miss"] == 3  # three first turns
+        assert paths["no-conversation"] == 1
+        # Every turn of a conversation had a P leg, streamed or not; the report has them all.
+        ready = {row["turns"]: row["count"] for row in report["prompt_ready"]}
+        assert ready == {"1": 3, "2": 3, "3-5": 3}
+        assert report["responses"] == {"200": 10, "400": 1}
         assert paths.get("reuse", 0) + paths.get("partial", 0) == 6
         # The reused tokens are what P pulled, by P's own counter, and what both routers'
         # counters add up to.

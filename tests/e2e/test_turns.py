@@ -163,7 +163,7 @@ async def test_without_conversation_id_plain_pd_and_handle_released(tmp_path: Pa
         messages = [{"role": "user", "content": TEXT.format(i=0)}]
         for _ in range(2):
             got = await chat_turn(s.client, s.router.url, messages)
-            assert got.status == 200 and got.path == "cold-miss"
+            assert got.status == 200 and got.path == "no-conversation"
             assert got.content == (await reference_chat(s, messages)).content
 
         # D's pinned blocks are released right away instead of waiting for the TTL.

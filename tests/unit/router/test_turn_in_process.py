@@ -154,7 +154,7 @@ async def test_the_conversation_header_is_configurable() -> None:
             r = await client.post("/v1/chat/completions", json=body, headers=headers)
             assert r.status_code == 200, r.text
             paths.append(r.headers.get("x-carryover-path"))
-        assert paths == ["cold-miss", "reuse", "cold-miss"]  # the 3rd would reuse as bench-7
+        assert paths == ["cold-miss", "reuse", "no-conversation"]  # the 3rd would reuse as bench-7
 
 
 async def test_a_committed_answer_is_tokenized_before_the_next_turn_needs_it() -> None:
