@@ -95,7 +95,7 @@ def create_app(
         owned_store = store is None
         backend: Store = store or open_store(config, clock=clock)
         if owned_store:
-            await check_store(backend)
+            await check_store(backend, config)
         upstream = Upstream(config.timeouts, transport)
         metrics_ = RouterMetrics()
         pool = InstancePool(config, upstream, backend, metrics_)

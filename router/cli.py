@@ -85,6 +85,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="tokens: leave streamed turns without a handle (no one-token capture on D)",
     )
     p.add_argument("--redis", metavar="URL", help="shared state (default: in-process)")
+    p.add_argument(
+        "--redis-durability",
+        choices=("none", "replica"),
+        help="when a Redis write counts as done: at the primary (none) or once a replica "
+        "acknowledged it (replica); default: replica on Sentinel, Cluster and on a server "
+        "that reports replicas, none otherwise (docs/redis.md)",
+    )
     p.add_argument("--block-size", type=int)
     p.add_argument("--decoder-kv-blocks-ttl", type=float)
     p.add_argument("--queue-margin", type=float)
@@ -236,6 +243,9 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         router["conversation_headers"] = headers
     if args.planner:
         router["planner"] = args.planner
+    durability = pick(args.redis_durability, "REDIS_DURABILITY")
+    if durability is not None:
+        router["redis_options"] = {**router.get("redis_options", {}), "durability": durability}
     timeouts = dict(router.get("timeouts", {}))
     for key, value in (
         ("prefill", args.prefill_timeout),

@@ -369,10 +369,12 @@ class InstancePool:
             identity = repr(start)
         elif restarted:
             identity = f"unknown-{uuid.uuid4().hex}"
+        elif instance.observed_identity is not None:
+            identity = instance.observed_identity
         else:
             return
-        if identity == instance.observed_identity:
-            return
+        # Told again at every probe, not only when it changes: a bump the store lost (a
+        # failover before its replica had it) is made again by the next probe of any router.
         try:
             epoch = await self._store.observe_identity(instance.name, identity)
         except StoreUnavailable:

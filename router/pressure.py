@@ -7,8 +7,9 @@ up to 35 s behind a full D. So when a D's usage reaches ``high_water``, the rout
 oldest handles stored for it (the conversations least likely to come back soon) and releases
 them through P, as a DELETE does, until what it expects to free brings usage to ``low_water``.
 A released conversation's next turn is cold; nothing is ever sent twice (claims are atomic,
-also between replicas, which each relieve on their own and may together give back more than
-one of them would).
+also between replicas). Every worker of every replica probes the same usage, so each decode
+instance is relieved by one process per interval, fleet-wide (``Store.take_turn``): N
+processes give back what one would.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 from collections.abc import Awaitable, Callable, Iterable
 
 from router.metrics import RouterMetrics
-from router.outcomes import ReleaseCause
+from router.outcomes import LeftToExpire, ReleaseCause
 from router.pool import Instance
 from state import Record, Store, StoreUnavailable
 
@@ -51,10 +52,15 @@ async def relieve(
     high_water: float,
     low_water: float,
     now: float,
+    period: float,
 ) -> int:
     """One pass: the decode instances at or above ``high_water`` (their usage as last probed)
-    give back their oldest handles. Returns how many were given back."""
+    give back their oldest handles, each by the one process whose turn it is this ``period``.
+    Returns how many were given back."""
     pressured = [i for i in decodes if i.kv_usage >= high_water]
+    pressured = [
+        i for i in pressured if await store.take_turn(f"relieve:{i.name}", period, now=now)
+    ]
     if not pressured:
         return 0
     held = await store.held([i.name for i in pressured], now=now)
@@ -74,7 +80,15 @@ async def relieve(
         )
         if count == 0:
             continue
-        records = await store.claim_oldest(instance.name, count, now=now)
+        oldest = await store.claim_oldest(instance.name, count, now=now)
+        records = oldest.records
+        if oldest.withheld:
+            metrics.left_to_expire.labels(LeftToExpire.NOT_DURABLE).inc(oldest.withheld)
+            log.warning(
+                "%d handles claimed without a replica's acknowledgement: left to D's TTL",
+                oldest.withheld,
+                extra={"instance": instance.name},
+            )
         metrics.releases.labels(ReleaseCause.DECODE_PRESSURE).inc(len(records))
         await asyncio.gather(*(give_back(instance, r) for r in records))
         given_back += len(records)
@@ -111,6 +125,7 @@ async def relieve_forever(
                 high_water=high_water,
                 low_water=low_water,
                 now=clock(),
+                period=interval,
             )
         except StoreUnavailable as exc:
             metrics.store_errors.labels("relieve").inc()

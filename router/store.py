@@ -53,12 +53,23 @@ def open_store(config: RouterConfig, *, clock: Callable[[], float] = time.time) 
         raise ConfigError(str(exc)) from exc
 
 
-async def check_store(store: Store) -> None:
+async def check_store(store: Store, config: RouterConfig | None = None) -> None:
     """One ping before serving. Unreachable is served cold (the store may come back); a TLS
     handshake that fails or credentials Redis refuses are configuration errors and stop the
-    router."""
+    router. A plain URL whose server has replicas (a managed primary endpoint, a Service in
+    front of Sentinel) gets ``replica`` durability unless the configuration says otherwise:
+    a failover there could undo a claim as on Sentinel (docs/redis.md)."""
     try:
         await store.ping()
+        if (
+            isinstance(store, RedisStore)
+            and config is not None
+            and config.redis_options.durability is None
+            and store.durability is Durability.NONE
+            and (await store.replicas() or 0) > 0
+        ):
+            store.wait_for_replicas()
+            log.info("the Redis server has replicas: writes wait for one (durability replica)")
     except StoreUnavailable as exc:
         cause = exc.__cause__
         if isinstance(cause, RespTlsError):

@@ -17,7 +17,7 @@ from state.prefix import (
 )
 from state.records import Record
 from state.redis_store import Durability, NotDurable, RedisStore
-from state.store import Committed, Held, Store, StoreUnavailable
+from state.store import Committed, Held, Oldest, Store, StoreUnavailable
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -29,6 +29,7 @@ __all__ = [
     "InvalidIdentifier",
     "MemoryStore",
     "NotDurable",
+    "Oldest",
     "Path",
     "Plan",
     "PlanSettings",

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from state.keys import ConversationKey
 from state.records import Record
-from state.store import Committed, Held
+from state.store import Committed, Held, Oldest
 
 __all__ = ["MemoryStore"]
 
@@ -28,6 +28,7 @@ class MemoryStore:
         self._ended: dict[ConversationKey, tuple[float, float]] = {}  # (ended at, until)
         self._commits = 0
         self._expired: dict[str, int] = {}  # by decode instance, since the last held()
+        self._turns: dict[str, float] = {}  # take_turn: until when each name is taken
 
     def _live(self, key: ConversationKey) -> Record | None:
         record = self._records.get(key)
@@ -117,14 +118,20 @@ class MemoryStore:
             )
         return {name: Held(counts[name], oldest.get(name), expired[name]) for name in instances}
 
-    async def claim_oldest(self, instance: str, count: int, *, now: float) -> list[Record]:
+    async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         held = [
             (record.created_at, key)
             for key, record in self._records.items()
             if record.decode == instance and not record.expired(now)
         ]
         held.sort(key=lambda pair: pair[0])
-        return [self._records.pop(key) for _, key in held[:count]]
+        return Oldest([self._records.pop(key) for _, key in held[:count]])
+
+    async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
+        if self._turns.get(name, 0.0) > now:
+            return False
+        self._turns[name] = now + seconds
+        return True
 
     async def ping(self) -> None:
         return None

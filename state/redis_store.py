@@ -21,7 +21,8 @@ slot) on a single server or Sentinel, where slots mean nothing; 64 on a Cluster,
 are one script each, one round trip.
 
 Durability (``docs/redis.md``): with ``Durability.REPLICA`` each write is followed, on the
-same connection, by ``WAIT replicas timeout``. A claim no replica acknowledged may be undone by
+same connection, by ``WAIT replicas timeout`` (one for all the writes of an event-loop
+iteration, on connections only waited writes use: ``state/follow.py``). A claim no replica acknowledged may be undone by
 a failover (the replica promoted still has the record), and another router would send the
 handle again: such a claim raises :class:`NotDurable` and the caller never sends the handle,
 neither to reuse it nor to release it. A commit no replica acknowledged keeps the record but
@@ -45,7 +46,7 @@ from state.records import Record
 from state.redis_values import decode_value, encode_value
 from state.resp import Arg, RespError, Script
 from state.slots import shard_tags
-from state.store import Committed, Held, StoreUnavailable
+from state.store import Committed, Held, Oldest, StoreUnavailable
 
 __all__ = ["Durability", "NotDurable", "RedisStore"]
 
@@ -109,12 +110,16 @@ class RedisStore:
         durability: Durability = Durability.NONE,
         wait_replicas: int = 1,
         wait_timeout: float = 0.05,
+        waited: Channel | None = None,
     ) -> None:
         if "{" in namespace or "}" in namespace:
             raise ValueError("a Redis namespace has no braces: they would pick the keys' slots")
         if wait_replicas < 1 or wait_timeout <= 0:
             raise ValueError("wait_replicas must be 1 or more and wait_timeout positive")
         self._channel = channel
+        # Waited writes on connections of their own: a WAIT blocks its connection, and no
+        # read or unwaited call may queue behind it.
+        self._waited = waited or channel
         self._timeout = timeout
         self._namespace = namespace
         self._shards = [_Shard(tag) for tag in shard_tags(shards)]
@@ -191,11 +196,12 @@ class RedisStore:
             known = self._instances
             if shard.known is not known:  # built once per shard and instance list
                 shard.known, shard.keys = known, self._indexes(shard, known)
-            reply, acked = await self._channel.script(
+            durable = self._durable
+            reply, acked = await (self._waited if durable else self._channel).script(
                 script,
                 [*keys, *shard.keys],
                 [*self._head, *args],
-                after=self._wait if self._durable else None,
+                after=self._wait if durable else None,
             )
             if reply and reply[0] == b"holder":
                 name = reply[1].decode()
@@ -203,8 +209,7 @@ class RedisStore:
                     raise RespError(f"the store's script does not find {name!r}'s indexes")
                 self._learn(name)
                 continue
-            durable = not self._durable or (isinstance(acked, int) and acked >= self._wait_replicas)
-            return reply, durable
+            return reply, not durable or (isinstance(acked, int) and acked >= self._wait_replicas)
 
     def _learn(self, instance: str) -> None:
         if instance not in self._instances:
@@ -335,9 +340,9 @@ class RedisStore:
             result[name] = Held(count, oldest, expired)
         return result
 
-    async def claim_oldest(self, instance: str, count: int, *, now: float) -> list[Record]:
+    async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         if count <= 0:
-            return []
+            return Oldest([])
         self._learn(instance)
 
         async def oldest(shard: _Shard, want: int) -> list[tuple[float, bytes, _Shard]]:
@@ -345,10 +350,13 @@ class RedisStore:
             entries = await self._channel.call("ZRANGE", since, 0, want - 1, "WITHSCORES")
             return [(float(entries[j + 1]), entries[j], shard) for j in range(0, len(entries), 2)]
 
+        withheld = 0
+
         async def take() -> list[Any]:
             # The oldest over every shard, then one claim per shard they are in. Another
             # replica may claim the same ones first: every entry a round chose is gone from
             # the index after it (claimed, by whoever, or found gone), so rounds end.
+            nonlocal withheld
             taken: list[Any] = []
             while True:
                 want = count - len(taken)
@@ -365,17 +373,53 @@ class RedisStore:
                         for shard, keys in by_shard.values()
                     )
                 )
-                # A batch no replica acknowledged is not released (see the module).
+                # A batch no replica acknowledged is not released (see the module), and the
+                # replicas are behind: claiming on would only take more records nobody may
+                # release, so this pass ends here.
                 taken += [value for reply, durable in replies if durable for value in reply[1]]
-                if len(taken) >= count:
+                withheld += sum(len(reply[1]) for reply, durable in replies if not durable)
+                if withheld or len(taken) >= count:
                     break
             return taken
 
         values = await self._call(take)
-        return [record for value in values if (record := decode_value(value)) is not None]
+        records = [record for value in values if (record := decode_value(value)) is not None]
+        return Oldest(records, withheld)
+
+    async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
+        key = f"{self._namespace}-turn:{{turns}}:{name}"
+        millis = max(1, round(seconds * 1000))
+        reply = await self._call(
+            lambda: self._channel.call("SET", key, repr(now), "NX", "PX", millis)
+        )
+        return reply is not None
 
     async def ping(self) -> None:
         await self._call(lambda: self._channel.call("PING"))
 
+    @property
+    def durability(self) -> Durability:
+        return Durability.REPLICA if self._durable else Durability.NONE
+
+    def wait_for_replicas(self) -> None:
+        """From now on every write waits for ``wait_replicas`` replicas (``WAIT``)."""
+        self._durable = True
+
+    async def replicas(self) -> int | None:
+        """How many replicas the server this URL reaches says are connected to it
+        (``INFO replication``); ``None`` when it does not say (a server that renamed or
+        forbids ``INFO``)."""
+        try:
+            info = await self._call(lambda: self._channel.call("INFO", "replication"))
+        except StoreUnavailable:
+            return None
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        for line in text.splitlines():
+            if line.startswith("connected_slaves:"):
+                return int(line.split(":", 1)[1])
+        return None
+
     async def close(self) -> None:
         self._channel.close()
+        if self._waited is not self._channel:
+            self._waited.close()

@@ -176,22 +176,24 @@ def open_store(
     if password is not None and address.password is None:
         address = replace(address, password=password)
     timeouts = {"connect_timeout": timeout, "dead_after": max(1.0, 4 * timeout)}
-    channel: Channel
-    if target.topology is Topology.SINGLE:
-        channel = RespChannel(address, **timeouts)
-    elif target.topology is Topology.SENTINEL:
-        channel = SentinelChannel(
-            address,
-            target.seeds,
-            target.master_name,
-            sentinel_password=target.sentinel_password,
-            **timeouts,
-        )
-    else:
-        channel = ClusterChannel(address, target.seeds, **timeouts)
+
+    def channel() -> Channel:  # connects on first use
+        if target.topology is Topology.SINGLE:
+            return RespChannel(address, **timeouts)
+        if target.topology is Topology.SENTINEL:
+            return SentinelChannel(
+                address,
+                target.seeds,
+                target.master_name,
+                sentinel_password=target.sentinel_password,
+                **timeouts,
+            )
+        return ClusterChannel(address, target.seeds, **timeouts)
+
     replicated = target.topology is not Topology.SINGLE
     return RedisStore(
-        channel,
+        channel(),
+        waited=channel(),
         timeout=timeout,
         namespace=namespace,
         shards=shards or (CLUSTER_SHARDS if target.topology is Topology.CLUSTER else 1),

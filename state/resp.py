@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
+from state.follow import SharedFollow
 from state.loops import RunningLoop
 
 __all__ = [
@@ -265,6 +266,7 @@ class RespChannel:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Future[_Connection] | None = None
         self._running = RunningLoop()
+        self._follows = SharedFollow(pack)
         # Built now: a CA or key that cannot be read is a startup error, not a cold turn.
         self._ssl = address.tls_files.context() if address.tls else None
 
@@ -318,6 +320,8 @@ class RespChannel:
         if before is None and after is None:  # the common case: one frame, one future
             return await self.evalsha(script, keys, args), None
         head: list[Arg] = [len(keys), *keys, *args]
+        if before is None and after is not None:
+            return await self._script_then(script, head, after)
         for command in (["EVALSHA", script.sha, *head], ["EVAL", script.text, *head]):
             replies = await self.run(*filter(None, (before, command, after)))
             reply = replies[1 if before else 0]
@@ -326,6 +330,24 @@ class RespChannel:
             if isinstance(reply, BaseException):
                 raise reply
             return reply, replies[-1] if after else None
+        raise ReplyError("NOSCRIPT after EVAL")  # pragma: no cover - EVAL never answers it
+
+    async def _script_then(
+        self, script: Script, head: list[Arg], after: Sequence[Arg]
+    ) -> tuple[Any, Any]:
+        """The script, and ``after`` (``WAIT``) shared with the scripts written in the same
+        iteration of the event loop (``state/follow.py``)."""
+        for command in (["EVALSHA", script.sha, *head], ["EVAL", script.text, *head]):
+            connection = self._live() or await self._connect()
+            sent = connection.send(pack(command))
+            follows = self._follows.after(connection, after)
+            try:
+                reply = await sent
+            except ReplyError as exc:
+                if str(exc).startswith("NOSCRIPT"):
+                    continue  # did not run: again, as EVAL, which also caches it
+                raise
+            return reply, await follows
         raise ReplyError("NOSCRIPT after EVAL")  # pragma: no cover - EVAL never answers it
 
     def close(self) -> None:

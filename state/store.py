@@ -9,7 +9,7 @@ import msgspec
 from state.keys import ConversationKey
 from state.records import Record
 
-__all__ = ["Committed", "Held", "Store", "StoreUnavailable"]
+__all__ = ["Committed", "Held", "Oldest", "Store", "StoreUnavailable"]
 
 
 class StoreUnavailable(Exception):
@@ -47,6 +47,20 @@ class Committed(msgspec.Struct, frozen=True):
     #: a record was replaced but is not handed back: no replica acknowledged the write in
     #: time (Redis durability ``replica``), and a failover could bring that record back
     withheld: bool = False
+
+
+class Oldest(msgspec.Struct, frozen=True):
+    """What :meth:`Store.claim_oldest` took.
+
+    Attributes:
+        records: claimed, and only this caller holds them: release their handles.
+        withheld: records claimed without a replica's acknowledgement (Redis durability
+            ``replica``). A failover could bring them back, so their handles are neither
+            used nor released (D frees them at its TTL); claiming stopped there.
+    """
+
+    records: list[Record]
+    withheld: int = 0
 
 
 @runtime_checkable
@@ -105,10 +119,16 @@ class Store(Protocol):
         """Live (unexpired, unclaimed) records by the decode instance holding their blocks."""
         ...
 
-    async def claim_oldest(self, instance: str, count: int, *, now: float) -> list[Record]:
+    async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         """Claim (as :meth:`claim` does: each at most once, fleet-wide) up to ``count`` of the
         live records whose blocks ``instance`` holds, oldest first: what the router gives
         back when that decode instance runs short of KV blocks."""
+        ...
+
+    async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
+        """True for exactly one caller, fleet-wide, per ``seconds`` for ``name``: the one
+        process (worker, replica) that runs a periodic job (pressure relief of one decode
+        instance) this period."""
         ...
 
     async def ping(self) -> None:

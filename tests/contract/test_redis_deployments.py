@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bench.redis_server import RedisServer
@@ -25,7 +26,7 @@ from state import (
     StoreUnavailable,
 )
 from tests.support.records import make_record
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, eventually_sync
 
 KEY = ConversationKey("acme", "m", "c1")
 
@@ -169,6 +170,30 @@ async def test_without_a_replica_acknowledging_a_claim_its_handle_is_not_used(
         await store.close()
 
 
+async def test_relief_without_replica_acknowledgement_stops_and_leaves_the_rest_held(
+    redis_server: RedisServer,
+) -> None:
+    # 40 held records and no replica acknowledging: the first batch is claimed but withheld
+    # (never released), and claiming stops there instead of emptying the index.
+    store = RedisStore.from_url(
+        redis_server.url,
+        namespace=f"t{uuid.uuid4().hex}",
+        timeout=2.0,
+        durability=Durability.REPLICA,
+        wait_timeout=0.01,
+    )
+    try:
+        for i in range(40):
+            await store.commit(
+                ConversationKey("acme", "m", f"c{i}"), make_record(1), now=time.time()
+            )
+        oldest = await store.claim_oldest("d0", 2, now=time.time())
+        assert oldest.records == [] and oldest.withheld == 2
+        assert (await store.held(["d0"], now=time.time()))["d0"].count == 38
+    finally:
+        await store.close()
+
+
 async def test_records_epochs_and_held_counts_written_durably_survive_a_failover(
     tmp_path: Path,
 ) -> None:
@@ -283,3 +308,52 @@ async def test_a_frozen_cluster_primary_is_left_for_the_replica_that_took_its_sl
         if victim is not None:
             victim.resume()
         cluster.stop()
+
+
+async def test_a_frozen_replica_stalls_no_read_and_concurrent_commits_wait_once(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    # A plain URL to a primary with a replica: durability comes from the server (it reports
+    # a replica), as behind a managed primary endpoint.
+    replica = RedisServer(tmp_path / "replica")
+    replica.start()
+    try:
+        replica.cli("REPLICAOF", "127.0.0.1", str(own_redis.port))
+        await asyncio.to_thread(
+            eventually_sync,
+            lambda: own_redis.cli("INFO", "replication"),
+            lambda info: "connected_slaves:1" in info,
+            what="the replica connected",
+        )
+        config = msgspec.structs.replace(_config(own_redis.url), store_timeout=0.25)
+        store = open_store(config)
+        assert isinstance(store, RedisStore)
+        try:
+            await check_store(store, config)
+            assert store.durability is Durability.REPLICA
+            await store.commit(KEY, make_record(1), now=time.time())  # connections open
+            replica.pause()  # a partition: WAIT answers 0 after its 50 ms
+
+            async def commit(i: int) -> Committed:
+                key = ConversationKey("acme", "m", f"lag-{i}")
+                return await store.commit(key, make_record(1), now=time.time())
+
+            async def read() -> float:
+                await asyncio.sleep(0)  # behind the commits' frames
+                started = time.monotonic()
+                await store.get(KEY)
+                return time.monotonic() - started
+
+            started = time.monotonic()
+            *commits, read_took = await asyncio.gather(*(commit(i) for i in range(16)), read())
+            took = time.monotonic() - started
+            # Every commit answered (kept, not acknowledged) within the store's deadline, and
+            # the read did not wait for any WAIT.
+            assert all(c.written for c in commits), commits
+            assert took < config.store_timeout, took
+            assert read_took < 0.05, read_took
+        finally:
+            replica.resume()
+            await store.close()
+    finally:
+        replica.kill()

@@ -249,13 +249,13 @@ async def test_claim_oldest_takes_the_oldest_live_records_of_one_instance_once(
         lambda: store.get(key("gone")), lambda r: r is None, what="the short-lived record expiring"
     )
 
-    first = await store.claim_oldest("d0", 2, now=time.time())
+    first = (await store.claim_oldest("d0", 2, now=time.time())).records
     assert [r.turn for r in first] == [1, 2]
     # claimed as claim() does: gone for everyone, no longer counted as held
     assert await store.claim(key("c0")) is None
     second = await store.claim_oldest("d0", 10, now=time.time())
-    assert [r.turn for r in second] == [3, 4, 5, 6]
-    assert await store.claim_oldest("d0", 10, now=time.time()) == []
+    assert [r.turn for r in second.records] == [3, 4, 5, 6] and second.withheld == 0
+    assert (await store.claim_oldest("d0", 10, now=time.time())).records == []
     held = await store.held(["d0", "d1"], now=time.time())
     assert (held["d0"].count, held["d1"].count) == (0, 1)
     assert held["d0"].expired == 1  # the expired one is still counted, once
@@ -271,5 +271,19 @@ async def test_two_replicas_relieving_one_instance_never_take_a_record_twice(
     taken = await asyncio.gather(
         *(s.claim_oldest("d0", 7, now=time.time()) for s in (a, b, a, b, a, b, a))
     )
-    turns = [r.turn for batch in taken for r in batch]
+    turns = [r.turn for batch in taken for r in batch.records]
     assert sorted(turns) == list(range(1, 41))
+
+
+async def test_one_caller_per_period_takes_a_turn_fleet_wide(store: Store) -> None:
+    now = time.time()
+    other = f"relieve:{uuid.uuid4().hex}"
+    name = f"relieve:{uuid.uuid4().hex}"
+    assert await store.take_turn(name, 0.3, now=now)
+    assert not await store.take_turn(name, 0.3, now=now)
+    assert await store.take_turn(other, 0.3, now=now)  # each name its own turn
+    await eventually(
+        lambda: store.take_turn(name, 0.3, now=time.time()),
+        bool,
+        what="the next period's turn",
+    )

@@ -1,0 +1,61 @@
+"""Pressure relief across processes: every worker of every replica probes the same usage of a
+full decode instance, and together they give back what one process would (router/pressure.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from bench.redis_server import RedisServer
+from router.config import InstanceConfig, ModelConfig
+from router.metrics import RouterMetrics
+from router.pool import Breaker, Instance
+from router.pressure import relieve, share_to_release
+from state import ConversationKey, Record, RedisStore
+from tests.support.records import make_record
+
+HIGH, LOW = 0.9, 0.75
+
+
+async def test_four_processes_relieving_at_once_give_back_what_one_would(
+    redis_server: RedisServer,
+) -> None:
+    namespace = f"t{uuid.uuid4().hex}"
+    stores = [
+        RedisStore.from_url(redis_server.url, namespace=namespace, timeout=2.0) for _ in range(4)
+    ]
+    try:
+        for i in range(100):
+            record = make_record(1, decode="d0")
+            await stores[0].commit(ConversationKey("acme", "m", f"c{i}"), record, now=time.time())
+        model = ModelConfig(prefill=[], decode=[InstanceConfig(url="http://d0", name="d0")])
+        released: list[Record] = []
+
+        async def release(_: Instance, record: Record) -> bool:
+            released.append(record)
+            return True
+
+        async def one_process(store: RedisStore) -> int:
+            decode = Instance(model.decode[0], "decode", model, Breaker(3, 5.0))
+            decode.kv_usage = 0.95  # as every process's probe reads it
+            return await relieve(
+                store,
+                [decode],
+                release,
+                RouterMetrics(),
+                high_water=HIGH,
+                low_water=LOW,
+                now=time.time(),
+                period=5.0,
+            )
+
+        given_back = await asyncio.gather(*(one_process(s) for s in stores))
+        one_would = share_to_release(0.95, 100, high_water=HIGH, low_water=LOW)
+        assert sum(given_back) == len(released) == one_would
+        assert sorted(given_back) == [0, 0, 0, one_would]  # one process had the turn
+        held = await stores[1].held(["d0"], now=time.time())
+        assert held["d0"].count == 100 - one_would
+    finally:
+        for store in stores:
+            await store.close()
