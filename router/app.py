@@ -22,6 +22,7 @@ from router.held import report_held_forever
 from router.inference import chat_completions, completions, models
 from router.kv.metrics import KvMetrics
 from router.kv.service import KvEvents
+from router.ledger import Origin
 from router.memory import trim_heap
 from router.metrics import RouterMetrics
 from router.operations import (
@@ -33,6 +34,7 @@ from router.operations import (
     openapi,
     ready,
 )
+from router.outcomes import ReleaseCause
 from router.pool import InstancePool
 from router.pressure import relieve_forever
 from router.render.choose import Renderers
@@ -146,11 +148,14 @@ def create_app(
             relieve_forever(
                 backend,
                 [i for i in pool.instances if i.role == "decode"],
-                lambda instance, record: runner.release(
+                lambda instance, record: runner.give_back(
                     instance.model,
                     services.model_names.get(id(instance.model)) or "",
                     record.handle,
+                    Origin.RELIEVED,
+                    ReleaseCause.DECODE_PRESSURE,
                 ),
+                runner.ledger,
                 metrics_,
                 high_water=config.decode_kv_high_water,
                 low_water=config.decode_kv_low_water,

@@ -176,6 +176,30 @@ class RouterMetrics:
             ["cause"],
             registry=r,
         )
+        self.handles_held = Counter(
+            "carryover_handles_held",
+            "Handles that came into the router's hands, by origin (router/ledger.py).",
+            ["origin"],
+            registry=r,
+        )
+        self.handle_fates = Counter(
+            "carryover_handle_fates",
+            "Held handles that reached their final state, by fate and cause: once idle, "
+            "these add up to carryover_handles_held_total.",
+            ["fate", "cause"],
+            registry=r,
+        )
+        self.handles_open = Gauge(
+            "carryover_handles_open",
+            "Handles held now, their fate not yet settled.",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.ledger_errors = Counter(
+            "carryover_handle_ledger_errors",
+            "A second final state for one handle: a bug, ignored and counted.",
+            registry=r,
+        )
         self.no_handle = Counter(
             "carryover_turns_without_handle",
             "Finished turns that left no handle.",

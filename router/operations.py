@@ -12,6 +12,8 @@ from litestar.params import FromPath
 from router.api_schema import openapi_document
 from router.auth import DEFAULT_TENANT
 from router.errors import EngineUnavailable, NotFound, error_body
+from router.ledger import Origin
+from router.outcomes import ReleaseCause
 from router.services import conversation_key, json_response, resolve_model, services_of
 from state import StoreUnavailable
 
@@ -75,7 +77,9 @@ async def end_conversation(
         raise EngineUnavailable("conversation state is unavailable") from exc
     released = False
     if record is not None:
-        released = await services.runner.release(model, model_name, record.handle)
+        released = await services.runner.give_back(
+            model, model_name, record.handle, Origin.ENDED, ReleaseCause.DELETED
+        )
     return json_response(
         200,
         msgspec.json.encode(

@@ -57,6 +57,10 @@ class ReleaseCause(StrEnum):
     # The turn ran on a D that already held its history (decode-local): the handle is not
     # needed, and D's pin would only hold blocks until its TTL.
     DECODE_LOCAL = "decode_local"
+    # D's stream broke after the chunk that carried its handle: the client got an error.
+    STREAM_BROKEN = "stream_broken"
+    # DELETE of the conversation.
+    DELETED = "deleted"
 
 
 class LeftToExpire(StrEnum):
@@ -82,3 +86,14 @@ class LeftToExpire(StrEnum):
     # No replica acknowledged the write in time (Redis durability ``replica``): a failover
     # could bring the record back, so the handle it held is neither used nor released.
     NOT_DURABLE = "not_durable"
+    # P failed the request that carried the handle (a timeout, a broken connection): it may
+    # have read the blocks, so they are not released under it.
+    SENT_THEN_FAILED = "sent_then_failed"
+    # P answered the handle with a 500: a stale or expired handle it could not read.
+    PREFILL_REJECTED = "prefill_rejected"
+    # The claimed record had expired: D frees (or has freed) its blocks at its TTL.
+    RECORD_EXPIRED = "record_expired"
+    # The claimed record's D restarted since it was written: its blocks died with it.
+    DECODE_RESTARTED = "decode_restarted"
+    # The claimed record's handle could not be read: nothing safe to send.
+    UNREADABLE = "unreadable"

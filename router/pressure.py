@@ -19,8 +19,9 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 
+from router.ledger import HandleLedger, Origin
 from router.metrics import RouterMetrics
-from router.outcomes import LeftToExpire, ReleaseCause
+from router.outcomes import LeftToExpire
 from router.pool import Instance
 from state import Record, Store, StoreUnavailable
 
@@ -28,6 +29,7 @@ __all__ = ["relieve", "relieve_forever", "share_to_release"]
 
 log = logging.getLogger("carryover.pressure")
 
+#: Gives a claimed record's handle back to D (and settles it in the ledger as released).
 Release = Callable[[Instance, Record], Awaitable[bool]]
 
 _RELEASES_AT_ONCE = 16  # one-token P requests: a burst of them must not crowd out turns
@@ -47,6 +49,7 @@ async def relieve(
     store: Store,
     decodes: Iterable[Instance],
     release: Release,
+    ledger: HandleLedger,
     metrics: RouterMetrics,
     *,
     high_water: float,
@@ -83,13 +86,12 @@ async def relieve(
         oldest = await store.claim_oldest(instance.name, count, now=now)
         records = oldest.records
         if oldest.withheld:
-            metrics.left_to_expire.labels(LeftToExpire.NOT_DURABLE).inc(oldest.withheld)
+            ledger.lost(Origin.RELIEVED, LeftToExpire.NOT_DURABLE, oldest.withheld)
             log.warning(
                 "%d handles claimed without a replica's acknowledgement: left to D's TTL",
                 oldest.withheld,
                 extra={"instance": instance.name},
             )
-        metrics.releases.labels(ReleaseCause.DECODE_PRESSURE).inc(len(records))
         await asyncio.gather(*(give_back(instance, r) for r in records))
         given_back += len(records)
         log.info(
@@ -106,6 +108,7 @@ async def relieve_forever(
     store: Store,
     decodes: list[Instance],
     release: Release,
+    ledger: HandleLedger,
     metrics: RouterMetrics,
     *,
     high_water: float,
@@ -121,6 +124,7 @@ async def relieve_forever(
                 store,
                 decodes,
                 release,
+                ledger,
                 metrics,
                 high_water=high_water,
                 low_water=low_water,

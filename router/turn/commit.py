@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import logging
 
+from router.ledger import Origin
 from router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
 from router.pool import Instance, streams_handles
 from router.relay import DecodeOutput
 from router.turn.model import Prepared, TurnRequest
 from router.turn.services import TurnServices
-from state import HashedTokens, Record, StoreUnavailable, block_size_of, chunk_size_for
+from state import (
+    Committed,
+    HashedTokens,
+    Record,
+    StoreUnavailable,
+    block_size_of,
+    chunk_size_for,
+)
 
 __all__ = ["commit", "release_replaced"]
 
@@ -38,30 +46,22 @@ async def commit(
             cause = NoHandleCause.NONE_RETURNED
         svc.metrics.no_handle.labels(cause).inc()
         return
-    if req.key is None or not req.model.reuse:
-        svc.release_later(req, handle, ReleaseCause.NO_CONVERSATION)
-        return
-    if not prepared.storable:
-        svc.release_later(req, handle, ReleaseCause.IDS_DO_NOT_DETERMINE_KV)
-        return
-    if prepared.ids is not None and output.prompt_ids != prepared.ids:
-        # The record would describe the checked ids, the blocks hold what D ran.
-        log.warning("decode instance %s ran other prompt ids than were checked", decode.name)
-        svc.release_later(req, handle, ReleaseCause.DECODE_PROMPT_MISMATCH)
+    held = svc.ledger.hold(Origin.DECODED)
+    refused = _not_storable(req, prepared, output, decode)
+    if refused is not None:
+        svc.release_later(req, held, handle, refused)
         return
     ids = prepared.ids if prepared.ids is not None else output.prompt_ids
-    if ids is None:
-        svc.release_later(req, handle, ReleaseCause.NO_PROMPT_IDS)
-        return
+    assert ids is not None and req.key is not None
     sequence_end = len(ids) + len(output.output_ids)
     try:
         tokens = int(handle.get("remote_num_tokens") or 0)
         block_size = block_size_of(handle, decode.block_size)
     except (ValueError, TypeError):
-        svc.release_later(req, handle, ReleaseCause.BAD_HANDLE)
+        svc.release_later(req, held, handle, ReleaseCause.BAD_HANDLE)
         return
     if not 0 < tokens <= sequence_end:
-        svc.release_later(req, handle, ReleaseCause.BAD_HANDLE)
+        svc.release_later(req, held, handle, ReleaseCause.BAD_HANDLE)
         return
     chunk = chunk_size_for(block_size)
     hashed = prepared.hashed
@@ -88,22 +88,42 @@ async def commit(
         # The write may still land when the store answers again: releasing now would leave a
         # stored handle to freed blocks, which the next turn would send to P.
         svc.metrics.store_errors.labels("commit").inc()
-        svc.metrics.left_to_expire.labels(LeftToExpire.COMMIT_OUTCOME_UNKNOWN).inc()
+        svc.ledger.left_to_expire(held, LeftToExpire.COMMIT_OUTCOME_UNKNOWN)
         log.warning("store unavailable, record may not be kept; D frees it at its TTL: %s", exc)
         return
     if committed.ended:  # DELETE came while this turn ran: the conversation is over
-        svc.release_later(req, handle, ReleaseCause.CONVERSATION_ENDED)
+        svc.release_later(req, held, handle, ReleaseCause.CONVERSATION_ENDED)
     elif not committed.written:
-        svc.release_later(req, handle, ReleaseCause.SUPERSEDED)
-    elif req.chat and output.content:
-        svc.warm_later(req, output.content)  # the next turn will send this answer back
-    if committed.withheld:
-        svc.metrics.left_to_expire.labels(LeftToExpire.NOT_DURABLE).inc()
-    release_replaced(svc, req, committed.replaced)
+        svc.release_later(req, held, handle, ReleaseCause.SUPERSEDED)
+    else:
+        svc.ledger.stored(held)
+        if req.chat and output.content:
+            svc.warm_later(req, output.content)  # the next turn will send this answer back
+    release_replaced(svc, req, committed)
 
 
-def release_replaced(svc: TurnServices, req: TurnRequest, replaced: Record | None) -> None:
+def _not_storable(
+    req: TurnRequest, prepared: Prepared, output: DecodeOutput, decode: Instance
+) -> ReleaseCause | None:
+    """Why D's handle cannot be stored for the next turn, if it cannot."""
+    if req.key is None or not req.model.reuse:
+        return ReleaseCause.NO_CONVERSATION
+    if not prepared.storable:
+        return ReleaseCause.IDS_DO_NOT_DETERMINE_KV
+    if prepared.ids is not None and output.prompt_ids != prepared.ids:
+        # The record would describe the checked ids, the blocks hold what D ran.
+        log.warning("decode instance %s ran other prompt ids than were checked", decode.name)
+        return ReleaseCause.DECODE_PROMPT_MISMATCH
+    if prepared.ids is None and output.prompt_ids is None:
+        return ReleaseCause.NO_PROMPT_IDS
+    return None
+
+
+def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) -> None:
     """A record overwritten before anyone claimed it: its handle was never sent, and nobody
-    else will send it now."""
-    if replaced is not None:
-        svc.release_later(req, replaced.handle, ReleaseCause.REPLACED)
+    else will send it now. One the store withheld (not durable) is left to expire."""
+    if committed.replaced is not None:
+        held = svc.ledger.hold(Origin.REPLACED)
+        svc.release_later(req, held, committed.replaced.handle, ReleaseCause.REPLACED)
+    elif committed.withheld:
+        svc.ledger.lost(Origin.REPLACED, LeftToExpire.NOT_DURABLE)

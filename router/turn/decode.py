@@ -22,6 +22,7 @@ from router.errors import (
     is_client_fault,
     sse_error,
 )
+from router.ledger import Held, Origin
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_decode
 from router.pool import Instance
@@ -92,12 +93,12 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
     last: UpstreamError | None = None
     # A decode-local turn does not need the claimed handle; D's pin is released once D has
     # answered (before that, the pinned blocks keep the history from being evicted).
-    unneeded: dict[str, Any] | None = None
+    unneeded: tuple[Held, dict[str, Any]] | None = None
     for attempt in range(2):
         local = _decode_local(svc, req, prepared, tried) if attempt == 0 else None
         if local is not None:
-            if prepared.plan.handle is not None:
-                unneeded = prepared.plan.handle
+            if prepared.plan.handle is not None and prepared.claimed is not None:
+                unneeded = prepared.claimed, prepared.plan.handle
             prepared.spend_handle(TurnPath.DECODE_LOCAL)
             p_instance, p_params, decode = None, None, local
         else:
@@ -145,15 +146,17 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
         except BaseException:  # cancelled (the client left): the lease and connection go too
             await held.aclose()
             if unneeded is not None:
-                svc.metrics.left_to_expire.labels(LeftToExpire.DECODE_LOCAL_CANCELLED).inc()
+                svc.ledger.left_to_expire(unneeded[0], LeftToExpire.DECODE_LOCAL_CANCELLED)
             raise
     assert last is not None
     raise last
 
 
-def _release_unneeded(svc: TurnServices, req: TurnRequest, handle: dict[str, Any] | None) -> None:
-    if handle is not None:
-        svc.release_later(req, handle, ReleaseCause.DECODE_LOCAL)
+def _release_unneeded(
+    svc: TurnServices, req: TurnRequest, unneeded: tuple[Held, dict[str, Any]] | None
+) -> None:
+    if unneeded is not None:
+        svc.release_later(req, *unneeded, ReleaseCause.DECODE_LOCAL)
 
 
 async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> bytes:
@@ -164,7 +167,10 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
             raise EngineFailed("decode instance answered with a non-object body")
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
     output.collect(started.answer)
-    await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
+    # D's handle is the router's from here: stored or released even if the client leaves.
+    await svc.to_the_end(
+        commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
+    )
     data = await engine_api(req.model).answer(svc, req, prepared, started.answer, output)
     elapsed = time.monotonic() - req.started
     svc.metrics.e2e.labels("false").observe(elapsed)
@@ -202,12 +208,30 @@ async def stream(
             started.lease.failed(exc)
             svc.metrics.stream_errors.labels(req.model_name, exc.error_type).inc()
             log.warning("decode stream failed mid-way: %s", exc.message)
+            _release_broken(svc, req, output)
             yield sse_error(exc)
             return
         finally:
             await frames.aclose()
-        await engine_api(req.model).after_stream(svc, req, prepared, output, started.decode)
-        await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
+        # D's handle is the router's from here: captured, stored or released even if the
+        # client leaves now.
+        await svc.to_the_end(_finish_stream(svc, req, prepared, output, started))
         elapsed = time.monotonic() - req.started
         svc.metrics.e2e.labels("true").observe(elapsed)
         svc.metrics.answered.labels(req.model_name, req.turn_label, "true").observe(elapsed)
+
+
+async def _finish_stream(
+    svc: TurnServices, req: TurnRequest, prepared: Prepared, output: DecodeOutput, started: Started
+) -> None:
+    await engine_api(req.model).after_stream(svc, req, prepared, output, started.decode)
+    await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
+
+
+def _release_broken(svc: TurnServices, req: TurnRequest, output: DecodeOutput) -> None:
+    """A stream that broke after the chunk carrying D's handle: that turn is not stored (the
+    client got an error), so its blocks are given back."""
+    handle = output.handle
+    if isinstance(handle, dict) and handle.get("do_remote_decode"):
+        held = svc.ledger.hold(Origin.DECODED)
+        svc.release_later(req, held, handle, ReleaseCause.STREAM_BROKEN)

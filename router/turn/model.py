@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 
 from router.config import ModelConfig
 from router.kv.index import Cached, Prompt
+from router.ledger import Held
 from router.metrics import turn_label
 from router.pool import Instance, Lease
 from router.tracing import NO_TRACE, TurnTrace
@@ -123,6 +124,7 @@ class Prepared:
     warm_cached: dict[str, int] = field(default_factory=dict)  # tokens held, by warm tier
     tokens: TokensPrompt | None = None  # tokens-only models only
     planned_reuse: int = 0  # prompt tokens the plan's handle covers, if it is used
+    claimed: Held | None = None  # the claimed record's handle in the ledger (router/ledger.py)
 
     @property
     def reused_tokens(self) -> int:
@@ -138,6 +140,12 @@ class Prepared:
         """The handle goes to P now: never again, whatever happens next."""
         self.sent = True
         self.spend_handle(self.path)
+
+    def unsend(self, plan: Plan, path: TurnPath) -> None:
+        """The request that carried the handle never left (no connection): it is still ours."""
+        self.sent = False
+        self.plan = plan
+        self.path = path
 
 
 @dataclass

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
+from router.ledger import Held
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_prefill
 from router.pool import Instance
@@ -14,7 +15,7 @@ from router.turn.commit import release_replaced
 from router.turn.model import Prepared, TurnPath, TurnRequest
 from router.turn.placement import holding, note_choice, note_warm, note_warm_stored
 from router.turn.services import TurnServices
-from state import StoreUnavailable
+from state import Path, Record, StoreUnavailable
 
 __all__ = ["run_prefill"]
 
@@ -38,15 +39,12 @@ async def run_prefill(
             if instance is None:
                 return await _no_prefill(svc, req, prepared)
             note_choice(svc, prepared, "prefill", instance)
-            with_handle = prepared.plan.attaches_handle
-            kv = (
-                prepared.plan.handle
-                if prepared.plan.handle is not None
-                else {"do_remote_decode": True}
-            )
+            plan_, path_before = prepared.plan, prepared.path
+            claimed = prepared.claimed if plan_.attaches_handle else None
+            kv = plan_.handle if plan_.handle is not None else {"do_remote_decode": True}
             path, body = engine_api(req.model).prefill(req, prepared, kv)
-            if with_handle:
-                prepared.send_handle()
+            if claimed is not None:
+                prepared.send_handle()  # from here a client that leaves must not release it
             else:
                 note_warm(svc, prepared, instance)
             with svc.pool.lease(instance) as lease:
@@ -57,25 +55,41 @@ async def run_prefill(
                         timeout=svc.config.timeouts.prefill,
                         headers=req.engine_headers,
                     )
+                except EngineUnavailable as exc:
+                    # Never sent (no connection): the handle goes to the next P, if any.
+                    lease.failed(exc)
+                    svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
+                    tried.add(instance)
+                    if claimed is not None:
+                        prepared.unsend(plan_, path_before)
+                    continue
                 except UpstreamError as exc:
                     if is_client_fault(exc):
-                        if with_handle:
+                        if claimed is not None:
                             # P refused the request before running it: the handle was never
                             # read, and the claimed record is gone.
-                            svc.release_later(req, kv, ReleaseCause.PREFILL_REFUSED)
+                            svc.release_later(req, claimed, kv, ReleaseCause.PREFILL_REFUSED)
                         raise
-                    if with_handle and isinstance(exc, EngineFailed) and exc.upstream_status == 500:
+                    if claimed is not None and _rejected(exc):
                         # A stale or expired handle: vLLM answers a fast 500. Not the
                         # instance's fault (no verdict); retry cold, never with the handle.
                         svc.metrics.retries.labels(RetryCause.PREFILL_HANDLE_REJECTED).inc()
+                        svc.ledger.left_to_expire(claimed, LeftToExpire.PREFILL_REJECTED)
                         prepared.path = TurnPath.COLD_ERROR
                         continue
                     lease.failed(exc)
                     svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
-                    if with_handle:
+                    if claimed is not None:
+                        # P may have read the blocks: never released under it.
+                        svc.ledger.left_to_expire(claimed, LeftToExpire.SENT_THEN_FAILED)
                         prepared.path = TurnPath.COLD_ERROR
                     tried.add(instance)
                     continue
+                if claimed is not None:
+                    if plan_.path is Path.RELEASE:  # it went with remote_num_tokens 0
+                        svc.ledger.released(claimed, str(plan_.reason))
+                    else:
+                        svc.ledger.sent(claimed)
                 params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
                 if not isinstance(params, dict) or not params.get("do_remote_prefill"):
                     lease.failed(
@@ -90,32 +104,44 @@ async def run_prefill(
                 svc.metrics.prefilled.labels(req.model_name, req.turn_label).observe(
                     time.monotonic() - req.started
                 )
-                if not with_handle:
+                if claimed is None:
                     note_warm_stored(svc, prepared, instance)
                 return instance, params
         return await _no_prefill(svc, req, prepared)
 
 
+def _rejected(exc: UpstreamError) -> bool:
+    return isinstance(exc, EngineFailed) and exc.upstream_status == 500
+
+
 async def _no_prefill(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> tuple[None, None]:
     """No P could serve: D runs alone, or the turn is refused at once (config)."""
-    unsent = prepared.plan.attaches_handle
-    if unsent:
+    claimed = prepared.claimed if prepared.plan.attaches_handle else None
+    if claimed is not None:
         prepared.spend_handle()
     if req.model.when_prefill_down == "fail":
-        if unsent and prepared.record is not None and req.key is not None:
+        if claimed is not None and prepared.record is not None and req.key is not None:
             # Never sent: put it back, so the client's retry still reuses D's blocks.
-            try:
-                put_back = await svc.store.commit(
-                    req.key, prepared.record, now=svc.clock(), started_at=req.started_at
-                )
-                if not put_back.written:  # a later turn is stored: this one is dead
-                    svc.release_later(req, prepared.record.handle, ReleaseCause.SUPERSEDED)
-                release_replaced(svc, req, put_back.replaced)
-            except StoreUnavailable:
-                svc.metrics.store_errors.labels("commit").inc()
-                svc.metrics.left_to_expire.labels(LeftToExpire.COMMIT_OUTCOME_UNKNOWN).inc()
+            await svc.to_the_end(_put_back(svc, req, prepared.record, claimed))
         raise EngineUnavailable(f"no healthy prefill instance for {req.model_name}")
-    if unsent:
+    if claimed is not None:
         # D serves alone; a release goes through a P, and there is none.
-        svc.metrics.left_to_expire.labels(LeftToExpire.NO_PREFILL).inc()
+        svc.ledger.left_to_expire(claimed, LeftToExpire.NO_PREFILL)
     return None, None
+
+
+async def _put_back(svc: TurnServices, req: TurnRequest, record: Record, claimed: Held) -> None:
+    assert req.key is not None
+    try:
+        put_back = await svc.store.commit(
+            req.key, record, now=svc.clock(), started_at=req.started_at
+        )
+    except StoreUnavailable:
+        svc.metrics.store_errors.labels("commit").inc()
+        svc.ledger.left_to_expire(claimed, LeftToExpire.COMMIT_OUTCOME_UNKNOWN)
+        return
+    if not put_back.written:  # a later turn is stored: this one is dead
+        svc.release_later(req, claimed, record.handle, ReleaseCause.SUPERSEDED)
+    else:
+        svc.ledger.stored(claimed)
+    release_replaced(svc, req, put_back)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from router.errors import BadRequest, EngineUnavailable
 from router.fields import NON_TEXT_CONTENT, reuse_blockers
+from router.ledger import Origin
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.pool import Instance
 from router.render.backends import RenderFailed
@@ -13,6 +15,7 @@ from router.tokens.legs import mend_rendered
 from router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, path_of
 from router.turn.services import TurnServices
 from state import (
+    ConversationKey,
     HashedTokens,
     NotDurable,
     Path,
@@ -70,30 +73,70 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         path = path_of(decided)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
-    if decided.path is Path.RELEASE:
-        svc.metrics.releases.labels(str(decided.reason)).inc()
+    claimed = svc.ledger.hold(Origin.CLAIMED) if record is not None else None
+    if claimed is not None and decided.handle is None:
+        # Nothing of it goes to P: its blocks are gone, or about to be, or unreadable.
+        dropped = _DROPPED.get(decided.reason) if decided.reason else None
+        svc.ledger.left_to_expire(claimed, dropped or LeftToExpire.UNREADABLE)
     return Prepared(
-        ids, hashed, record, decided, path, tokens=tokens, planned_reuse=decided.reused_tokens
+        ids,
+        hashed,
+        record,
+        decided,
+        path,
+        tokens=tokens,
+        planned_reuse=decided.reused_tokens,
+        claimed=claimed,
     )
 
 
+#: Why a claimed record's handle goes nowhere, by the plan's reason for not attaching it.
+_DROPPED = {
+    Reason.EXPIRED: LeftToExpire.RECORD_EXPIRED,
+    Reason.STALE_ENGINE: LeftToExpire.DECODE_RESTARTED,
+}
+
+
 async def _claim(svc: TurnServices, req: TurnRequest) -> tuple[Record | None, bool]:
-    """The record, taken out of the store; ``(None, True)`` when the store failed."""
+    """The record, taken out of the store; ``(None, True)`` when the store failed. The claim
+    runs to its end even if the client leaves meanwhile: a record it took is then released
+    (nobody will send it), and one it may have taken is left to expire."""
     assert req.key is not None
+    claim = svc.in_background(_claim_or_lost(svc, req.key))
     try:
         with svc.leg(req, "claim"):
-            return await svc.store.claim(req.key), False
+            return await asyncio.shield(claim)
+    except asyncio.CancelledError:
+        claim.add_done_callback(lambda done: _give_up(svc, req, done))
+        raise
+
+
+async def _claim_or_lost(svc: TurnServices, key: ConversationKey) -> tuple[Record | None, bool]:
+    try:
+        return await svc.store.claim(key), False
     except NotDurable as exc:
         svc.metrics.store_errors.labels("claim").inc()
-        svc.metrics.left_to_expire.labels(LeftToExpire.NOT_DURABLE).inc()
+        svc.ledger.lost(Origin.CLAIMED, LeftToExpire.NOT_DURABLE)
         log.warning("claim not durable, turn served cold: %s", exc)
         return None, True
     except StoreUnavailable as exc:
         svc.metrics.store_errors.labels("claim").inc()
         # The claim may still have taken the record: its handle is lost to everyone.
-        svc.metrics.left_to_expire.labels(LeftToExpire.CLAIM_OUTCOME_UNKNOWN).inc()
+        svc.ledger.lost(Origin.CLAIMED, LeftToExpire.CLAIM_OUTCOME_UNKNOWN)
         log.warning("store unavailable, turn served cold: %s", exc)
         return None, True
+
+
+def _give_up(
+    svc: TurnServices, req: TurnRequest, done: asyncio.Task[tuple[Record | None, bool]]
+) -> None:
+    """The client left during the claim: what it took was never sent, so it is released."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    record, _ = done.result()
+    if record is not None:
+        held = svc.ledger.hold(Origin.CLAIMED)
+        svc.release_later(req, held, record.handle, ReleaseCause.CLIENT_GONE)
 
 
 async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list[str]) -> Prepared:
@@ -105,7 +148,8 @@ async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list
     if req.key is not None and req.model.reuse:
         record, _ = await _claim(svc, req)
         if record is not None:
-            svc.release_later(req, record.handle, ReleaseCause.REUSE_DISABLED)
+            held = svc.ledger.hold(Origin.CLAIMED)
+            svc.release_later(req, held, record.handle, ReleaseCause.REUSE_DISABLED)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
     path = TurnPath.COLD_UNCHECKED

@@ -17,6 +17,7 @@ from typing import Any
 
 from router.config import ModelConfig, RouterConfig
 from router.kv.service import KvEvents
+from router.ledger import HandleLedger, Origin
 from router.metrics import RouterMetrics
 from router.outcomes import LeftToExpire, ReleaseCause
 from router.pool import InstancePool
@@ -79,10 +80,14 @@ class TurnRunner:
         except asyncio.CancelledError:
             # The client left. A claimed handle not yet sent to P is nobody's now; one that
             # was sent may be under P's read, and is left to P and D's TTL.
-            if prepared.plan.handle is not None and prepared.record is not None:
-                svc.release_later(req, prepared.record.handle, ReleaseCause.CLIENT_GONE)
-            elif prepared.sent:
-                svc.metrics.left_to_expire.labels(LeftToExpire.SENT_THEN_CANCELLED).inc()
+            claimed = prepared.claimed
+            if claimed is not None and not claimed.settled and prepared.record is not None:
+                if prepared.sent:
+                    svc.ledger.left_to_expire(claimed, LeftToExpire.SENT_THEN_CANCELLED)
+                else:
+                    svc.release_later(
+                        req, claimed, prepared.record.handle, ReleaseCause.CLIENT_GONE
+                    )
             raise
         _count(svc, req, prepared)
         return outcome
@@ -90,8 +95,20 @@ class TurnRunner:
     def render_server(self, model: ModelConfig) -> RenderServerClient:
         return self._svc.render_server(model)
 
-    async def release(self, model: ModelConfig, model_name: str, handle: dict[str, Any]) -> bool:
-        """Free D's blocks of ``handle`` now (DELETE of a conversation)."""
+    @property
+    def ledger(self) -> HandleLedger:
+        return self._svc.ledger
+
+    async def give_back(
+        self,
+        model: ModelConfig,
+        model_name: str,
+        handle: dict[str, Any],
+        origin: Origin,
+        cause: ReleaseCause,
+    ) -> bool:
+        """Free D's blocks of a handle taken outside a turn (DELETE, pressure relief) now."""
+        self._svc.ledger.released(self._svc.ledger.hold(origin), cause)
         return await self._svc.release(model, model_name, handle)
 
     async def drain_background(self) -> None:

@@ -8,15 +8,16 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from router.config import ModelConfig, RouterConfig
 from router.errors import UpstreamError
 from router.kv.service import KvEvents
+from router.ledger import HandleLedger, Held
 from router.metrics import Histogram, RouterMetrics
 from router.outcomes import ReleaseCause
 from router.policy import Affinity, pick_prefill
@@ -32,6 +33,8 @@ from state import HashedTokens, Plan, PlanSettings, Record, Store, plan, release
 __all__ = ["Planner", "TurnServices"]
 
 log = logging.getLogger("carryover.turn")
+
+T = TypeVar("T")
 
 
 class Planner(Protocol):
@@ -86,10 +89,14 @@ class TurnServices:
     clock: Callable[[], float] = time.time  # wall clock: records, expiry, DELETE fences
     planner: Planner = plan
     kv: KvEvents | None = None  # the KV-event index; None or empty: routing by load alone
-    background: set[asyncio.Task[bool]] = field(default_factory=set)
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
     # Tokens-only models' render-server checks (router/tokens/check.py), by id() of the model.
     tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)
+    ledger: HandleLedger = field(init=False)
     _render_servers: dict[int, RenderServerClient] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ledger = HandleLedger(self.metrics)
 
     @functools.cached_property
     def affinity(self) -> Affinity:
@@ -123,17 +130,28 @@ class TurnServices:
                 return False
             return True
 
-        task = asyncio.create_task(warm())
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+        self.in_background(warm())
 
-    def release_later(self, req: TurnRequest, handle: dict[str, Any], cause: ReleaseCause) -> None:
+    def release_later(
+        self, req: TurnRequest, held: Held, handle: dict[str, Any], cause: ReleaseCause | str
+    ) -> None:
         """Free D's pinned blocks now, without holding up the turn (docs/handles.md says
         which handles may be released)."""
-        self.metrics.releases.labels(cause).inc()
-        task = asyncio.create_task(self.release(req.model, req.model_name, handle))
+        self.ledger.released(held, cause)
+        self.in_background(self.release(req.model, req.model_name, handle))
+
+    def in_background(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``work`` to its end whatever happens to the request (a client that leaves
+        cancels the request, never this); shutdown waits for it."""
+        task = asyncio.create_task(work)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
+        return task
+
+    async def to_the_end(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work``'s result; if the caller is cancelled meanwhile (the client left), ``work``
+        still finishes: what it decides about a handle must happen."""
+        return await asyncio.shield(self.in_background(work))
 
     async def release(self, model: ModelConfig, model_name: str, handle: dict[str, Any]) -> bool:
         """A one-token P request carrying the handle with ``remote_num_tokens: 0``: P

@@ -9,6 +9,7 @@ import uuid
 
 from bench.redis_server import RedisServer
 from router.config import InstanceConfig, ModelConfig
+from router.ledger import HandleLedger
 from router.metrics import RouterMetrics
 from router.pool import Breaker, Instance
 from router.pressure import relieve, share_to_release
@@ -39,11 +40,13 @@ async def test_four_processes_relieving_at_once_give_back_what_one_would(
         async def one_process(store: RedisStore) -> int:
             decode = Instance(model.decode[0], "decode", model, Breaker(3, 5.0))
             decode.kv_usage = 0.95  # as every process's probe reads it
+            metrics = RouterMetrics()
             return await relieve(
                 store,
                 [decode],
                 release,
-                RouterMetrics(),
+                HandleLedger(metrics),
+                metrics,
                 high_water=HIGH,
                 low_water=LOW,
                 now=time.time(),

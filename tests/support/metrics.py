@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.report.samples import parse as parse_samples
 from router.report.summary import summarize
+from tests.support.waiting import eventually
 
 
 def parse(text: str) -> dict[str, float]:
@@ -39,3 +40,21 @@ def scrape(base_url: str) -> dict[str, float]:
 
 async def ascrape(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
     return parse((await client.get(f"{base_url}/metrics")).text)
+
+
+def ledger_open(values: dict[str, float]) -> float:
+    """Handles a router holds whose fate is not settled: what it took (held) less what
+    ended (fates); nonzero on an idle router is a leak (router/ledger.py)."""
+    held = values.get("carryover_handles_held_total:sum", 0.0)
+    ended = values.get("carryover_handle_fates_total:sum", 0.0)
+    return held - ended
+
+
+async def assert_ledger_balanced(client: httpx.AsyncClient, router_url: str) -> None:
+    """Once the router is idle, every handle it held has its one final state."""
+    values = await eventually(
+        lambda: ascrape(client, router_url),
+        lambda v: ledger_open(v) == 0 and v.get("carryover_handles_open", 0.0) == 0,
+        what=f"every handle {router_url} held settled",
+    )
+    assert values.get("carryover_handle_ledger_errors_total", 0.0) == 0

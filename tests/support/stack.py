@@ -15,7 +15,7 @@ import httpx
 from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
 from bench.sim.warm_tier import SimWarmTier
-from tests.support.metrics import ascrape, parse
+from tests.support.metrics import ascrape, assert_ledger_balanced, parse
 from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess
 from tests.support.sims import MODEL, qwen3, running, sim_config
@@ -113,6 +113,10 @@ async def stack(
         client = await exits.enter_async_context(httpx.AsyncClient(timeout=30))
         built = Stack(p_list, d_list, reference, procs, client, log_dir, render)
         yield built
+        # The router's books: every handle it held reached one final state.
+        for router in built.routers:
+            if router.process is not None and router.process.poll() is None:
+                await assert_ledger_balanced(built.client, router.url)
         # Used once, by D's own count: no block was read after D let it go (a handle used
         # twice, or after its release or expiry, is read this way), whatever the router said.
         # The engines may have been replaced by the test: those in the stack at the end count.

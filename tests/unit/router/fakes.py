@@ -52,6 +52,7 @@ class FakeEngine:
     reads: list[str] = field(default_factory=list)  # P: handles it pulled
     releases: list[str] = field(default_factory=list)  # P: handles it released
     answer: str = ANSWER  # D: what it generates
+    break_after_handle: bool = False  # D: streams break after the chunk with the handle
 
     @property
     def url(self) -> str:
@@ -193,7 +194,8 @@ class FakeFleet(httpx.AsyncBaseTransport):
                         "choices": [{**choice, "delta": {"content": ANSWER}}],
                         "kv_transfer_params": handle,
                     },
-                ]
+                ],
+                broken=engine.break_after_handle,
             ),
         )
 
@@ -294,10 +296,21 @@ def _render_server(path: str, body: dict[str, Any]) -> httpx.Response:
 
 
 class _SSE(httpx.AsyncByteStream):
-    def __init__(self, events: list[dict[str, Any]]) -> None:
+    def __init__(self, events: list[dict[str, Any]], *, broken: bool = False) -> None:
         self._events = events
+        self._broken = broken  # the connection drops where [DONE] would come
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for event in self._events:
             yield f"data: {json.dumps(event)}\n\n".encode()
+        if self._broken:
+            raise httpx.ReadError("connection reset by peer")
         yield b"data: [DONE]\n\n"
+
+
+def assert_ledger_balanced(app: Any) -> None:
+    """After the app shut down (its background releases done): every handle it held has
+    exactly one final state (router/ledger.py)."""
+    services = app.state.services
+    assert services.runner.ledger.open == 0
+    assert services.metrics.ledger_errors._value.get() == 0

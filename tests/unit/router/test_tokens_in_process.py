@@ -14,7 +14,7 @@ from litestar.testing import AsyncTestClient
 from router.app import create_app
 from router.cli import load_config
 from tests.support.waiting import eventually
-from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, encode
+from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, assert_ledger_balanced, encode
 from tests.unit.router.test_turn_in_process import handles_sent_to_p, history
 
 
@@ -51,6 +51,7 @@ async def rig() -> AsyncIterator[TokensRig]:
     async with AsyncTestClient(app=app) as client:
         await eventually(lambda: client.get("/ready"), lambda r: r.status_code == 200, what="ready")
         yield TokensRig(client, p, d, render)
+    assert_ledger_balanced(app)
 
 
 async def test_turns_run_render_generate_and_derender_and_reuse_the_handle(rig: TokensRig) -> None:

@@ -15,7 +15,7 @@ from litestar.testing import AsyncTestClient
 from router.app import create_app
 from router.cli import load_config
 from tests.support.waiting import eventually
-from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet
+from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, assert_ledger_balanced
 
 
 @dataclass
@@ -44,6 +44,7 @@ async def rig() -> AsyncIterator[Rig]:
     app = create_app(config, transport=FakeFleet(p, d), clock=lambda: now[0], seed=0)
     async with AsyncTestClient(app=app) as client:
         yield Rig(client, p, d, now)
+    assert_ledger_balanced(app)
 
 
 def history(turns: int) -> list[dict[str, Any]]:
