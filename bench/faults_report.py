@@ -1,4 +1,5 @@
-"""The fault suite's table: per fault, requests sent, failed, wrong and recovery seconds."""
+"""The fault suite's table: per fault, requests sent, failed, wrong, handles read twice or
+left without a final state, and recovery seconds."""
 
 from __future__ import annotations
 
@@ -21,21 +22,23 @@ class FaultRow(msgspec.Struct):
     recovery_seconds: float | None  # fault cleared -> first turn reusing again
     paths: dict[str, int] = {}
     note: str = ""
+    unsettled: int = 0  # handles the routers held without a final state once idle
 
 
 def render(rows: Sequence[FaultRow]) -> str:
     lines = [
         "# Fault suite",
         "",
-        "| fault | sent | failed (clean) | unclean | wrong | handles read twice | recovery (s) | paths |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fault | sent | failed (clean) | unclean | wrong | handles read twice "
+        "| handles without a final state | recovery (s) | paths |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         recovery = "-" if row.recovery_seconds is None else f"{row.recovery_seconds:.2f}"
         paths = ", ".join(f"{k} {v}" for k, v in sorted(row.paths.items()))
         lines.append(
             f"| {row.fault} | {row.sent} | {row.failed} | {row.unclean} | {row.wrong} "
-            f"| {row.double_reads} | {recovery} | {paths} |"
+            f"| {row.double_reads} | {row.unsettled} | {recovery} | {paths} |"
         )
     notes = [f"* {row.fault}: {row.note}" for row in rows if row.note]
     return "\n".join([*lines, "", *notes, ""])

@@ -48,6 +48,8 @@ async def test_the_report_adds_up_two_routers_of_two_workers_turn_by_turn(
             assert sum(v.get(ok, 0) for v in views) == 10
             refused = "carryover_responses_total{error=BadRequestError,model=,status=400}"
             assert views[0][refused] == 1
+            # Six later turns claimed a handle, ten left one at D: the books of both workers.
+            assert sum(v["carryover_handles_held_total{origin=claimed}"] for v in views) == 6
             answered = "carryover_answer_seconds_count{model=sim-qwen3,stream=false,turn=}"
             assert views[0][answered] == 1  # the turn without a conversation has no turn
 

@@ -5,6 +5,8 @@ records what every request got."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 import uuid
 from collections import Counter
@@ -20,10 +22,12 @@ from bench.redis_server import RedisServer
 from bench.redis_topologies import RedisCluster, RedisSentinels
 from bench.sim.render_server import RenderSimConfig, SimRenderServer
 from bench.sim.server import SimServer
+from tests.support.metrics import ascrape, ledger_open
 from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess
 from tests.support.sims import MODEL, qwen3, sim_config
 from tests.support.stack import chat_turn, reads_after_release
+from tests.support.waiting import ConditionTimeout, eventually
 
 TEXT = "[{cid} {turn}] Tell me about the rivers, stones and seasons of an old garden and its gardener. "
 
@@ -71,6 +75,22 @@ class Harness:
         if servers is self.decode:
             self.replaced_decodes.append(servers[index])
         servers[index] = server
+
+    async def unsettled(self) -> int:
+        """Handles the live routers hold without a final state once they are idle
+        (router/ledger.py): what they took less what ended, waited for while releases finish.
+        A router killed by the fault took its books with it."""
+        total = 0
+        for index, router in enumerate(self.routers):
+            if index in self.dead_routers:
+                continue
+            scrape = functools.partial(ascrape, self.client, router.url)
+            with contextlib.suppress(ConditionTimeout):
+                await eventually(
+                    scrape, lambda v: ledger_open(v) == 0, what="handles settled", timeout=15
+                )
+            total += int(ledger_open(await scrape()))
+        return total
 
     async def double_reads(self) -> int:
         """Reads of blocks a D no longer held, by every D's own count: read in process, so a
