@@ -18,6 +18,7 @@ from litestar.exceptions import HTTPException
 from router.auth import Authenticator
 from router.config import RouterConfig
 from router.errors import CarryoverError, error_body, http_error_type
+from router.fleet import refresh_draining_forever
 from router.held import report_held_forever
 from router.inference import chat_completions, completions, models
 from router.kv.metrics import KvMetrics
@@ -37,6 +38,7 @@ from router.operations import (
 from router.outcomes import ReleaseCause
 from router.pool import InstancePool
 from router.pressure import relieve_forever
+from router.readiness import watch_models
 from router.render.choose import Renderers
 from router.services import Services, json_response
 from router.store import check_store, open_store
@@ -138,7 +140,7 @@ def create_app(
         )
         pool.on_restart.append(lambda instance: kv.instance_restarted(instance.name))
         await pool.start()
-        discovery = asyncio.create_task(_discover_names(services))
+        discovery = asyncio.create_task(watch_models(services, max(config.health_interval, 10.0)))
         renderers.start(pool, lambda model: services.model_names.get(id(model)))
         decode_names = [i.name for i in pool.instances if i.role == "decode"]
         held = asyncio.create_task(
@@ -178,6 +180,9 @@ def create_app(
             if model.tokens_only
         ]
         publishing = asyncio.create_task(metrics_.publish_forever())
+        draining = asyncio.create_task(
+            refresh_draining_forever(backend, pool, metrics_, config.health_interval)
+        )
         trim_heap()  # what startup parsed and dropped (the tokenizer's files)
         try:
             yield
@@ -192,6 +197,7 @@ def create_app(
             held.cancel()
             relief.cancel()
             publishing.cancel()
+            draining.cancel()
             renderers.stop()
             await kv.stop()
             await runner.drain_background()
@@ -232,23 +238,3 @@ def _import_planner(path: str) -> Planner:
     module, _, name = path.partition(":")
     found: Planner = getattr(importlib.import_module(module), name)
     return found
-
-
-async def _discover_names(services: Services) -> None:
-    """Models configured without a name take the first served name their P reports."""
-    pending = [m for m in services.config.models if m.name is None]
-    while pending:
-        for model in list(pending):
-            for instance in services.pool.members(model, "prefill") + services.pool.members(
-                model, "decode"
-            ):
-                try:
-                    answer = await services.upstream.get(f"{instance.url}/v1/models", timeout=2.0)
-                    name = answer.json()["data"][0]["id"]
-                except (CarryoverError, ValueError, KeyError, IndexError, TypeError):
-                    continue
-                services.model_names[id(model)] = str(name)
-                pending.remove(model)
-                break
-        if pending:
-            await asyncio.sleep(1.0)

@@ -213,6 +213,14 @@ class RouterMetrics:
             multiprocess_mode="livemostrecent",
             registry=r,
         )
+        self.draining = Gauge(
+            "carryover_instance_draining",
+            "1 once every live worker of this router has the instance draining (an admin's "
+            "drain, kept in the store for the whole fleet).",
+            ["server"],
+            multiprocess_mode="livemin",
+            registry=r,
+        )
         self.breaker_open = Gauge(
             "carryover_breaker_open",
             "1 if the instance's circuit is open or half-open.",

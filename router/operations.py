@@ -12,8 +12,10 @@ from litestar.params import FromPath
 from router.api_schema import openapi_document
 from router.auth import DEFAULT_TENANT
 from router.errors import EngineUnavailable, NotFound, error_body
+from router.fleet import drain
 from router.ledger import Origin
 from router.outcomes import ReleaseCause
+from router.readiness import not_ready
 from router.services import conversation_key, json_response, resolve_model, services_of
 from state import StoreUnavailable
 
@@ -43,14 +45,10 @@ async def health() -> Response[bytes]:
 @get("/ready")
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     services = services_of(request)
-    refusals = [c.refusal for c in services.tokens_checks.values() if c.refusal is not None]
-    if refusals:
-        return json_response(503, error_body(503, refusals[0], "ServiceUnavailableError"))
-    if services.pool.ready():
+    reason = await not_ready(services)
+    if reason is None:
         return json_response(200, b'{"status":"ready"}')
-    return json_response(
-        503, error_body(503, "no healthy prefill/decode pair", "ServiceUnavailableError")
-    )
+    return json_response(503, error_body(503, reason, "ServiceUnavailableError"))
 
 
 @get("/metrics")
@@ -129,7 +127,10 @@ async def drain_instance(request: Request[Any, Any, Any], name: FromPath[str]) -
     if instance is None:
         raise NotFound(f"no instance named {name!r}")
     undo = request.query_params.get("undo") in ("1", "true")
-    instance.draining = not undo
+    try:
+        await drain(services.store, services.pool, instance, not undo)
+    except StoreUnavailable as exc:
+        raise EngineUnavailable("the fleet's state is unavailable: nothing drained") from exc
     return json_response(
         200,
         msgspec.json.encode(

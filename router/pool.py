@@ -191,14 +191,6 @@ class InstancePool:
         instance = self.by_name.get(name)
         return instance.epoch if instance is not None else None
 
-    def ready(self) -> bool:
-        now = time.monotonic()
-        return any(
-            any(i.available(now) for i in self.members(m, "prefill"))
-            and any(i.available(now) for i in self.members(m, "decode"))
-            for m in self._config.models
-        )
-
     def _last_healthy_decode(self, instance: Instance) -> bool:
         return instance.role == "decode" and not any(
             other.healthy and other is not instance

@@ -33,13 +33,15 @@ class Services:
     runner: TurnRunner
     metrics: RouterMetrics
     auth: Authenticator
-    model_names: dict[int, str]
+    model_names: dict[int, str]  # by id() of the model: configured, or what engines list
     tracing: Tracing
     kv: KvEvents
     clock: Callable[[], float] = time.time
     tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)  # by id() of the model
     in_flight: int = 0
     closing: bool = False
+    #: model ids the engines of each model serve (router/readiness.py), by id() of the model
+    served: dict[int, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Read when scraped: a request would otherwise set it twice.

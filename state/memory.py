@@ -29,6 +29,7 @@ class MemoryStore:
         self._commits = 0
         self._expired: dict[str, int] = {}  # by decode instance, since the last held()
         self._turns: dict[str, float] = {}  # take_turn: until when each name is taken
+        self._draining: set[str] = set()
 
     def _live(self, key: ConversationKey) -> Record | None:
         record = self._records.get(key)
@@ -126,6 +127,15 @@ class MemoryStore:
         ]
         held.sort(key=lambda pair: pair[0])
         return Oldest([self._records.pop(key) for _, key in held[:count]])
+
+    async def set_draining(self, instance: str, draining: bool) -> None:
+        if draining:
+            self._draining.add(instance)
+        else:
+            self._draining.discard(instance)
+
+    async def draining(self) -> set[str]:
+        return set(self._draining)
 
     async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
         if self._turns.get(name, 0.0) > now:

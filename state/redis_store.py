@@ -43,6 +43,7 @@ from state.channel import Channel
 from state.keys import ConversationKey
 from state.loops import Deadline, RunningLoop
 from state.records import Record
+from state.redis_fleet import FleetCalls
 from state.redis_values import decode_value, encode_value
 from state.resp import Arg, RespError, Script
 from state.slots import shard_tags
@@ -88,7 +89,7 @@ class _Shard:
         return found
 
 
-class RedisStore:
+class RedisStore(FleetCalls):
     """A :class:`~state.store.Store` on Redis.
 
     Args:
@@ -386,14 +387,6 @@ class RedisStore:
         records = [record for value in values if (record := decode_value(value)) is not None]
         return Oldest(records, withheld)
 
-    async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
-        key = f"{self._namespace}-turn:{{turns}}:{name}"
-        millis = max(1, round(seconds * 1000))
-        reply = await self._call(
-            lambda: self._channel.call("SET", key, repr(now), "NX", "PX", millis)
-        )
-        return reply is not None
-
     async def ping(self) -> None:
         await self._call(lambda: self._channel.call("PING"))
 
@@ -404,20 +397,6 @@ class RedisStore:
     def wait_for_replicas(self) -> None:
         """From now on every write waits for ``wait_replicas`` replicas (``WAIT``)."""
         self._durable = True
-
-    async def replicas(self) -> int | None:
-        """How many replicas the server this URL reaches says are connected to it
-        (``INFO replication``); ``None`` when it does not say (a server that renamed or
-        forbids ``INFO``)."""
-        try:
-            info = await self._call(lambda: self._channel.call("INFO", "replication"))
-        except StoreUnavailable:
-            return None
-        text = info.decode() if isinstance(info, bytes) else str(info)
-        for line in text.splitlines():
-            if line.startswith("connected_slaves:"):
-                return int(line.split(":", 1)[1])
-        return None
 
     async def close(self) -> None:
         self._channel.close()

@@ -125,6 +125,14 @@ class Store(Protocol):
         back when that decode instance runs short of KV blocks."""
         ...
 
+    async def set_draining(self, instance: str, draining: bool) -> None:
+        """Mark ``instance`` as draining (no new requests) for every router, or clear it."""
+        ...
+
+    async def draining(self) -> set[str]:
+        """The instances marked draining, fleet-wide."""
+        ...
+
     async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
         """True for exactly one caller, fleet-wide, per ``seconds`` for ``name``: the one
         process (worker, replica) that runs a periodic job (pressure relief of one decode

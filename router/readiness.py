@@ -1,0 +1,88 @@
+"""``/ready``: can this router serve a turn now? ``/health`` only says the process is alive.
+
+Ready means: the store answers (when one is configured: a router that cannot claim or commit
+serves every turn cold and leaks nothing, but a replica that can should take the traffic),
+every model's name is known and its engines serve it (a ``--model`` no engine serves answers
+every request with 404), a decode instance is available, and a prefill instance is too unless
+the model lets D serve alone (``when_prefill_down = "decode-alone"``: then losing every P
+degrades turns, it does not stop them, and a fleet of NotReady routers would only block node
+drains). Which models engines serve is read from their ``/v1/models`` (``watch_models``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from router.config import ModelConfig
+from router.errors import CarryoverError
+from router.services import Services
+from state import StoreUnavailable
+
+__all__ = ["not_ready", "watch_models"]
+
+log = logging.getLogger("carryover.router")
+
+
+async def not_ready(services: Services) -> str | None:
+    """Why this router cannot serve a turn now, or ``None``."""
+    refusals = [c.refusal for c in services.tokens_checks.values() if c.refusal is not None]
+    if refusals:
+        return refusals[0]
+    if services.config.redis:
+        try:
+            await services.store.ping()
+        except StoreUnavailable:
+            return "the conversation store does not answer"
+    now = time.monotonic()
+    for model in services.config.models:
+        name = services.model_names.get(id(model))
+        served = services.served.get(id(model))
+        if name is None:
+            return "a model's name is not known yet (no engine listed it)"
+        if served is not None and name not in served:
+            return f"no engine serves the model {name!r} (they serve {sorted(served)})"
+        if not _any_available(services, model, "decode", now):
+            return f"no healthy decode instance for {name}"
+        if model.when_prefill_down != "decode-alone" and not _any_available(
+            services, model, "prefill", now
+        ):
+            return f"no healthy prefill instance for {name}"
+    return None
+
+
+def _any_available(services: Services, model: ModelConfig, role: str, now: float) -> bool:
+    return any(i.available(now) for i in services.pool.members(model, role))
+
+
+async def watch_models(services: Services, interval: float) -> None:
+    """Read what the engines serve; a model configured without a name takes the first name
+    its engines list. Every ``interval``, once every model is known, to notice a
+    redeployed engine serving something else."""
+    while True:
+        for model in services.config.models:
+            served = await _served(services, model)
+            if served is None:
+                continue
+            services.served[id(model)] = set(served)
+            if id(model) not in services.model_names and served:
+                services.model_names[id(model)] = served[0]
+        known = all(id(m) in services.served for m in services.config.models)
+        await asyncio.sleep(interval if known else 1.0)
+
+
+async def _served(services: Services, model: ModelConfig) -> list[str] | None:
+    """The model ids the first answering engine of ``model`` lists, or ``None``."""
+    instances = [
+        *services.pool.members(model, "prefill"),
+        *services.pool.members(model, "decode"),
+    ]
+    for instance in instances:
+        try:
+            answer = await services.upstream.get(f"{instance.url}/v1/models", timeout=2.0)
+            data = answer.json()["data"]
+            return [str(entry["id"]) for entry in data if isinstance(entry, dict) and "id" in entry]
+        except (CarryoverError, ValueError, KeyError, TypeError):
+            continue
+    return None
