@@ -38,6 +38,8 @@ class ReleaseCause(StrEnum):
     SUPERSEDED = "superseded"
     # D ran other prompt ids than the ones checked: its blocks do not hold what we would say.
     DECODE_PROMPT_MISMATCH = "decode_prompt_mismatch"
+    # P ran other prompt ids than D was given: D's blocks hold KV of P's ids.
+    PREFILL_PROMPT_MISMATCH = "prefill_prompt_mismatch"
     # A commit replaced an older record of the conversation whose handle was never sent.
     REPLACED = "replaced"
     # The turn carried fields the router cannot check (router/fields.py): the stored handle

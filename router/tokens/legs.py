@@ -56,7 +56,7 @@ def prefill_request(generate: dict[str, Any], kv: dict[str, Any]) -> dict[str, A
     body["sampling_params"] = sampling
     body["stream"] = False
     body["stream_options"] = None
-    body["return_token_ids"] = None
+    body["return_token_ids"] = True  # the ids P ran: D's KV is computed from them
     body["kv_transfer_params"] = kv
     return body
 

@@ -114,8 +114,14 @@ def _not_storable(
         # The record would describe the checked ids, the blocks hold what D ran.
         log.warning("decode instance %s ran other prompt ids than were checked", decode.name)
         return ReleaseCause.DECODE_PROMPT_MISMATCH
-    if prepared.ids is None and output.prompt_ids is None:
+    ran = prepared.ids if prepared.ids is not None else output.prompt_ids
+    if ran is None:
         return ReleaseCause.NO_PROMPT_IDS
+    if prepared.prefill_ids is not None and prepared.prefill_ids != ran:
+        # D's prompt KV came from P: computed from other ids than the record would say (a P
+        # that ignores forwarded ids, or an unchecked turn P rendered differently).
+        log.warning("a prefill instance ran other prompt ids than decode was given")
+        return ReleaseCause.PREFILL_PROMPT_MISMATCH
     return None
 
 

@@ -125,6 +125,7 @@ class Prepared:
     tokens: TokensPrompt | None = None  # tokens-only models only
     planned_reuse: int = 0  # prompt tokens the plan's handle covers, if it is used
     claimed: Held | None = None  # the claimed record's handle in the ledger (router/ledger.py)
+    prefill_ids: list[int] | None = None  # the prompt ids P said it ran, when it says
 
     @property
     def reused_tokens(self) -> int:

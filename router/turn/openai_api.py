@@ -21,7 +21,6 @@ _PREFILL_DROP = (
     "min_tokens",
     "min_completion_tokens",
     "stream_options",
-    "return_token_ids",
     "logprobs",
     "top_logprobs",
     "n",
@@ -46,6 +45,7 @@ def prefill_body(req: TurnRequest, ids: list[int] | None, kv: dict[str, Any]) ->
     body["model"] = req.model_name
     body["max_tokens"] = 1
     body["stream"] = False
+    body["return_token_ids"] = True  # the ids P ran: D's KV is computed from them
     _with_ids(req, body, dict(kv), ids)
     return body
 

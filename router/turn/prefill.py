@@ -10,6 +10,7 @@ from router.ledger import Held
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_prefill
 from router.pool import Instance
+from router.relay import DecodeOutput
 from router.turn.api import engine_api
 from router.turn.commit import release_replaced
 from router.turn.model import Prepared, TurnPath, TurnRequest
@@ -101,6 +102,7 @@ async def run_prefill(
                     tried.add(instance)
                     continue
                 lease.succeeded()
+                prepared.prefill_ids = _ran(answer)
                 svc.metrics.prefilled.labels(req.model_name, req.turn_label).observe(
                     time.monotonic() - req.started
                 )
@@ -108,6 +110,13 @@ async def run_prefill(
                     note_warm_stored(svc, prepared, instance)
                 return instance, params
         return await _no_prefill(svc, req, prepared)
+
+
+def _ran(answer: dict[str, Any]) -> list[int] | None:
+    """The prompt ids P ran, read where D's answer carries them too."""
+    ran = DecodeOutput(client_wants_ids=False)
+    ran.collect(answer)
+    return ran.prompt_ids
 
 
 def _rejected(exc: UpstreamError) -> bool:

@@ -53,6 +53,9 @@ class FakeEngine:
     releases: list[str] = field(default_factory=list)  # P: handles it released
     answer: str = ANSWER  # D: what it generates
     break_after_handle: bool = False  # D: streams break after the chunk with the handle
+    # P: runs its own rendering (a leading BOS) instead of the ids it was given, as an engine
+    # that ignores forwarded ids would
+    own_ids: bool = False
 
     @property
     def url(self) -> str:
@@ -150,7 +153,10 @@ class FakeFleet(httpx.AsyncBaseTransport):
             "remote_block_ids": [[0]],
             "remote_num_tokens": len(prompt or []),
         }
-        return httpx.Response(200, json={"choices": [{"index": 0}], "kv_transfer_params": params})
+        answer: dict[str, Any] = {"choices": [{"index": 0}], "kv_transfer_params": params}
+        if body.get("return_token_ids"):
+            answer["prompt_token_ids"] = [0, *(prompt or [])] if engine.own_ids else prompt
+        return httpx.Response(200, json=answer)
 
     def _decode(
         self, engine: FakeEngine, body: dict[str, Any], *, chat: bool, max_tokens: int | None = None

@@ -145,3 +145,15 @@ async def test_a_client_that_leaves_during_the_claim_has_the_claimed_handle_rele
         await eventually(lambda: _async(p.releases), lambda r: r == [handle], what="released")
         text = (await client.get("/metrics")).text
         assert fates(text)["carryover_handle_fates_total{cause=client_gone,fate=released}"] == 1
+
+
+async def test_a_turn_whose_prefill_ran_other_ids_is_not_stored() -> None:
+    p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
+    p.own_ids = True  # D's prompt KV comes from ids nobody checked
+    async with router(p, d) as (_, client):
+        assert (await chat(client, 1)).status_code == 200
+        second = await chat(client, 2)
+        assert second.headers["x-carryover-path"] == "cold-miss"  # nothing was stored
+        text = (await client.get("/metrics")).text
+        mismatch = "carryover_handle_fates_total{cause=prefill_prompt_mismatch,fate=released}"
+        assert fates(text)[mismatch] == 2
