@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,7 @@ from litestar.testing import AsyncTestClient
 
 from router.app import create_app
 from router.cli import load_config
+from tests.support.metrics import turns_by_path
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, assert_ledger_balanced
 
@@ -29,8 +31,16 @@ class Rig:
         self, messages: list[dict[str, Any]], conversation: str = "c1", **extra: Any
     ) -> tuple[int, str | None, dict[str, Any]]:
         body = {"messages": messages, "conversation_id": conversation, **extra}
+        before = await self.turns()
         r = await self.client.post("/v1/chat/completions", json=body)
-        return r.status_code, r.headers.get("x-carryover-path"), r.json()
+        path = r.headers.get("x-carryover-path")
+        # The metric counts the turn once, under the path the client was told.
+        counted = await self.turns() - before
+        assert counted == (Counter({path: 1}) if r.status_code == 200 else Counter()), counted
+        return r.status_code, path, r.json()
+
+    async def turns(self) -> Counter[str]:
+        return await turns_by_path(self.client, "")
 
 
 @pytest.fixture
