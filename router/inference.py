@@ -168,7 +168,11 @@ async def _generate(
         error = type(exc).__name__
         raise
     finally:
-        trace.set(path=outcome.path if outcome else "error", turn=turn_request.turn)
+        trace.set(
+            path=outcome.path if outcome else "error",
+            turn=turn_request.turn,
+            reused_tokens=outcome.reused_tokens if outcome else 0,
+        )
         if log.isEnabledFor(logging.INFO):
             log.info(
                 "turn",
@@ -178,6 +182,9 @@ async def _generate(
                     "tenant": tenant,
                     "path": outcome.path if outcome else "error",
                     "turn": turn_request.turn,
+                    "prompt_tokens": outcome.prompt_tokens if outcome else None,
+                    "reused_tokens": outcome.reused_tokens if outcome else 0,
+                    "handle": outcome.handle if outcome else None,
                     "stream": turn_request.stream,
                     "elapsed_ms": round((time.perf_counter() - started) * 1000, 2),
                 },

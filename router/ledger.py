@@ -50,11 +50,12 @@ class Fate(StrEnum):
 class Held:
     """One handle in the router's hands, until its fate is settled."""
 
-    __slots__ = ("fate", "origin")
+    __slots__ = ("cause", "fate", "origin")
 
     def __init__(self, origin: Origin) -> None:
         self.origin = origin
         self.fate: Fate | None = None
+        self.cause = ""
 
     @property
     def settled(self) -> bool:
@@ -104,6 +105,7 @@ class HandleLedger:
             )
             return False
         held.fate = fate
+        held.cause = cause
         self.open -= 1
         self._metrics.handle_fates.labels(fate, cause).inc()
         return True

@@ -182,6 +182,29 @@ class Relay:
 
 @dataclass
 class TurnOutcome:
+    """What happened, decided once when the answer (or its first chunk) is ready: the
+    metrics, the log line, the span and ``X-Carryover-Path`` all read this."""
+
     path: TurnPath
     body: bytes | None = None
     chunks: Relay | None = None
+    prompt_tokens: int | None = None  # None: the engines rendered it (nothing checked)
+    reused_tokens: int = 0  # pulled from D with the handle
+    handle: str = "none"  # the claimed handle's fate so far ("sent", "released:superseded", …)
+
+    @classmethod
+    def of(cls, prepared: Prepared, **answer: Any) -> TurnOutcome:
+        claimed = prepared.claimed
+        if claimed is None:
+            handle = "none"
+        elif claimed.fate is None:
+            handle = "held"
+        else:
+            handle = f"{claimed.fate}:{claimed.cause}" if claimed.cause else str(claimed.fate)
+        return cls(
+            prepared.path,
+            prompt_tokens=len(prepared.ids) if prepared.ids is not None else None,
+            reused_tokens=prepared.reused_tokens,
+            handle=handle,
+            **answer,
+        )

@@ -25,7 +25,7 @@ from router.render.backends import Renderer
 from router.tokens.check import TokensCheck
 from router.tokens.server import RenderServerClient
 from router.turn.decode import complete, stream
-from router.turn.model import Prepared, Relay, TurnOutcome, TurnRequest
+from router.turn.model import Relay, TurnOutcome, TurnRequest
 from router.turn.prepare import prepare
 from router.turn.services import Planner, TurnServices
 from router.upstream import Upstream
@@ -73,10 +73,10 @@ class TurnRunner:
                 # P leg + D's first chunk: errors are HTTP errors. A stream with no frame
                 # at all (D's first event its [DONE]) is over, committed, and sends [DONE].
                 first = await anext(chunks, b"")
-                outcome = TurnOutcome(prepared.path, chunks=Relay(first, chunks))
+                outcome = TurnOutcome.of(prepared, chunks=Relay(first, chunks))
             else:
                 body = await complete(svc, req, prepared)  # the path is final once D answered
-                outcome = TurnOutcome(prepared.path, body=body)
+                outcome = TurnOutcome.of(prepared, body=body)
         except asyncio.CancelledError:
             # The client left. A claimed handle not yet sent to P is nobody's now; one that
             # was sent may be under P's read, and is left to P and D's TTL.
@@ -89,7 +89,7 @@ class TurnRunner:
                         req, claimed, prepared.record.handle, ReleaseCause.CLIENT_GONE
                     )
             raise
-        _count(svc, req, prepared)
+        _count(svc, req, outcome)
         return outcome
 
     def render_server(self, model: ModelConfig) -> RenderServerClient:
@@ -116,12 +116,14 @@ class TurnRunner:
             await asyncio.gather(*self._svc.background, return_exceptions=True)
 
 
-def _count(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> None:
+def _count(svc: TurnServices, req: TurnRequest, outcome: TurnOutcome) -> None:
     """The turn in the metrics, once, when its path is final: the one the client is told
     (``X-Carryover-Path``). Until D answers, a plan can still change (P refuses the handle:
     cold-error; the warm tier or D's own cache serves it: warm, decode-local)."""
-    svc.metrics.turns.labels(req.model_name, prepared.path).inc()
-    if prepared.ids is not None:
-        reused = prepared.reused_tokens
+    svc.metrics.turns.labels(req.model_name, outcome.path).inc()
+    if outcome.prompt_tokens is not None:
+        reused = outcome.reused_tokens
         svc.metrics.prompt_tokens.labels(req.model_name, "reused").inc(reused)
-        svc.metrics.prompt_tokens.labels(req.model_name, "computed").inc(len(prepared.ids) - reused)
+        svc.metrics.prompt_tokens.labels(req.model_name, "computed").inc(
+            outcome.prompt_tokens - reused
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ async def test_five_turns_reuse_and_match_the_reference(tmp_path: Path, stream: 
     async with stack(tmp_path, sim={"threshold": 16}, p_sim=p_sim) as s:
         extra = {"stream_options": {"include_usage": True}} if stream else {}
         messages: list[dict[str, Any]] = []
-        paths, held = [], 0
+        paths, held, pulled = [], 0, []
         for i in range(5):
             messages.append({"role": "user", "content": TEXT.format(i=i) * 2})
             before = await p_pulled(s)
@@ -68,11 +69,19 @@ async def test_five_turns_reuse_and_match_the_reference(tmp_path: Path, stream: 
             assert got.status == 200, got.raw
             assert got.content == (await reference_chat(s, messages)).content, f"turn {i + 1}"
             assert await p_pulled(s) - before == held, f"turn {i + 1}"
+            pulled.append(held)
             paths.append(got.path)
             # D holds every token it ran: the prompt and the answer but its last token.
             held = got.usage["prompt_tokens"] + got.usage["completion_tokens"] - 1
             messages.append({"role": "assistant", "content": got.content})
         assert paths == ["cold-miss"] + ["reuse"] * 4
+        # The log line of each turn says what its outcome says: path, tokens pulled, the
+        # claimed handle's fate.
+        lines = [json.loads(line) for line in s.router.log().splitlines() if '"turn"' in line]
+        turns = [line for line in lines if line.get("msg") == "turn"]
+        assert [t["path"] for t in turns] == paths
+        assert [t["reused_tokens"] for t in turns] == pulled
+        assert [t["handle"] for t in turns] == ["none"] + ["sent"] * 4
 
 
 @pytest.mark.parametrize("stream", [False, True])
