@@ -23,7 +23,7 @@ from enum import StrEnum
 from router.metrics import RouterMetrics
 from router.outcomes import LeftToExpire, ReleaseCause
 
-__all__ = ["Fate", "HandleLedger", "Held", "Origin"]
+__all__ = ["Fate", "HandleLedger", "HeldHandle", "Origin"]
 
 log = logging.getLogger("carryover.handles")
 
@@ -47,7 +47,7 @@ class Fate(StrEnum):
     LEFT_TO_EXPIRE = "left_to_expire"  #: for D's TTL to free (cause: ``LeftToExpire``)
 
 
-class Held:
+class HeldHandle:
     """One handle in the router's hands, until its fate is settled."""
 
     __slots__ = ("cause", "fate", "origin")
@@ -68,22 +68,22 @@ class HandleLedger:
         self.open = 0  #: held, not yet settled (this process)
         metrics.sampled(metrics.handles_open, lambda: self.open)
 
-    def hold(self, origin: Origin) -> Held:
+    def hold(self, origin: Origin) -> HeldHandle:
         self._metrics.handles_held.labels(origin).inc()
         self.open += 1
-        return Held(origin)
+        return HeldHandle(origin)
 
-    def sent(self, held: Held) -> None:
+    def sent(self, held: HeldHandle) -> None:
         self._settle(held, Fate.SENT, "")
 
-    def stored(self, held: Held) -> None:
+    def stored(self, held: HeldHandle) -> None:
         self._settle(held, Fate.STORED, "")
 
-    def released(self, held: Held, cause: ReleaseCause | str) -> None:
+    def released(self, held: HeldHandle, cause: ReleaseCause | str) -> None:
         if self._settle(held, Fate.RELEASED, cause):
             self._metrics.releases.labels(cause).inc()
 
-    def left_to_expire(self, held: Held, cause: LeftToExpire) -> None:
+    def left_to_expire(self, held: HeldHandle, cause: LeftToExpire) -> None:
         if self._settle(held, Fate.LEFT_TO_EXPIRE, cause):
             self._metrics.left_to_expire.labels(cause).inc()
 
@@ -93,7 +93,7 @@ class HandleLedger:
         for _ in range(count):
             self.left_to_expire(self.hold(origin), cause)
 
-    def _settle(self, held: Held, fate: Fate, cause: str) -> bool:
+    def _settle(self, held: HeldHandle, fate: Fate, cause: str) -> bool:
         if held.fate is not None:
             self._metrics.ledger_errors.inc()
             log.error(

@@ -78,8 +78,10 @@ async def relieve(
         stats = held[instance.name]
         # held() drops what expired unclaimed and counts it once: keep that count.
         metrics.held_expired.labels(instance.name).inc(stats.expired)
+        # Shadowed handles (Record.shadowed) would free next to nothing: only the others
+        # are given back, in the share their blocks are of what fills D.
         count = share_to_release(
-            instance.kv_usage, stats.count, high_water=high_water, low_water=low_water
+            instance.kv_usage, stats.releasable, high_water=high_water, low_water=low_water
         )
         if count == 0:
             continue

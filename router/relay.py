@@ -42,6 +42,9 @@ class DecodeOutput:
         self.stop_reason: Any = None
         self.saw_content = False
         self.no_handle: NoHandleCause | None = None  # why, when the engine API knows better
+        # The handle came after a stream whose own pin the router cannot release
+        # (Record.shadowed): a tokens-only stream's captured handle.
+        self.shadowed = False
         self._content: list[str] = []  # choice 0's message content (chat), as the client got it
 
     @property

@@ -109,21 +109,28 @@ class MemoryStore:
         self._sweep()
         expired = {name: self._expired.pop(name, 0) for name in instances}
         counts = dict.fromkeys(instances, 0)
+        releasable = dict.fromkeys(instances, 0)
         oldest: dict[str, float] = {}
         for record in self._records.values():
             if record.decode not in counts or record.expired(now):
                 continue
             counts[record.decode] += 1
+            if record.shadowed:
+                continue
+            releasable[record.decode] += 1
             oldest[record.decode] = min(
                 oldest.get(record.decode, record.created_at), record.created_at
             )
-        return {name: Held(counts[name], oldest.get(name), expired[name]) for name in instances}
+        return {
+            name: Held(counts[name], oldest.get(name), expired[name], releasable[name])
+            for name in instances
+        }
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         held = [
             (record.created_at, key)
             for key, record in self._records.items()
-            if record.decode == instance and not record.expired(now)
+            if record.decode == instance and not record.expired(now) and not record.shadowed
         ]
         held.sort(key=lambda pair: pair[0])
         return Oldest([self._records.pop(key) for _, key in held[:count]])

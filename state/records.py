@@ -29,6 +29,10 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
         block_size: D's KV block size in tokens.
         prefix: S_D up to the handle's ``remote_num_tokens``, as a digest chain and tail.
         created_at: wall-clock seconds when written (router clock, shared by replicas).
+        shadowed: its blocks are also pinned by a streamed request whose handle the router
+            never learns (a tokens-only stream, its handle captured after it): releasing this
+            handle frees next to nothing until that pin's TTL, so pressure relief passes it
+            by (it is never among ``Store.claim_oldest``'s records).
         expires_at: wall-clock seconds after which the handle must not be sent to P. Set to
             created + ``decoder_kv_blocks_ttl`` - 5 s (vLLM's safety margin) - a queue margin.
     """
@@ -42,6 +46,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     prefix: TokenPrefix
     created_at: float
     expires_at: float
+    shadowed: bool = False
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at

@@ -40,7 +40,8 @@ end
 
 # KEYS[1] record, KEYS[2] its ended mark, then the index triples. ARGV[base] value,
 # ARGV[base+1] lifetime in ms, +2 expires_at, +3 created_at, +4 now, +5 when the turn started
-# ('' : unfenced). Byte-wise comparison of the fixed-width big-endian turns orders them.
+# ('' : unfenced), +6 '1' when pressure relief may take it (listed by creation time), '0' for
+# a shadowed record (Record.shadowed: counted as held, never chosen by relief). Byte-wise comparison of the fixed-width big-endian turns orders them.
 COMMIT = Script(
     _HELPERS
     + """
@@ -75,7 +76,11 @@ if previous and tonumber(previous) <= tonumber(ARGV[base + 4]) then
   redis.call('INCR', KEYS[at + 2])
 end
 redis.call('ZADD', KEYS[at], ARGV[base + 2], KEYS[1])
-redis.call('ZADD', KEYS[at + 1], ARGV[base + 3], KEYS[1])
+if ARGV[base + 6] == '1' then
+  redis.call('ZADD', KEYS[at + 1], ARGV[base + 3], KEYS[1])
+else
+  redis.call('ZREM', KEYS[at + 1], KEYS[1])
+end
 -- An index outlives its newest record by an hour, time for a reader to count what expired
 -- unclaimed in it; one of an instance no longer configured goes away after that.
 local lifetime = tonumber(ARGV[base + 1]) + 3600000
@@ -139,7 +144,8 @@ return {1, out}
 
 # The index triples of one shard; ARGV[1] now. Drops what expired (records that expired
 # unclaimed: each is dropped, and so counted, by exactly one reader); returns the count, the
-# oldest creation time and how many were dropped, per instance.
+# oldest creation time of those relief may take, how many were dropped, and how many relief
+# may take (not shadowed), per instance.
 HELD = Script(
     """
 local out = {}
@@ -154,6 +160,7 @@ for i = 1, #KEYS, 3 do
   table.insert(out, redis.call('ZCARD', KEYS[i]))
   table.insert(out, oldest[2] or false)
   table.insert(out, #expired + tonumber(redis.call('GETDEL', KEYS[i + 2]) or '0'))
+  table.insert(out, redis.call('ZCARD', KEYS[i + 1]))
 end
 return out
 """

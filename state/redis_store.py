@@ -256,6 +256,7 @@ class RedisStore(FleetCalls):
                 repr(record.created_at),
                 repr(now),
                 repr(started_at) if started_at is not None else "",
+                "0" if record.shadowed else "1",
             ],
         )
         written, replaced, *ended = reply
@@ -329,16 +330,19 @@ class RedisStore(FleetCalls):
         answers = await self._call(lambda: asyncio.gather(*(one(s) for s in self._shards)))
         result: dict[str, Held] = {}
         for i, name in enumerate(instances):
-            count = expired = 0
+            count = expired = releasable = 0
             oldest: float | None = None
             for answer in answers:
-                shard_count, shard_oldest, shard_expired = answer[3 * i : 3 * i + 3]
+                shard_count, shard_oldest, shard_expired, shard_releasable = answer[
+                    4 * i : 4 * i + 4
+                ]
                 count += int(shard_count)
                 expired += int(shard_expired)
+                releasable += int(shard_releasable)
                 if shard_oldest is not None:
                     created = float(shard_oldest)
                     oldest = created if oldest is None else min(oldest, created)
-            result[name] = Held(count, oldest, expired)
+            result[name] = Held(count, oldest, expired, releasable)
         return result
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:

@@ -21,15 +21,19 @@ class Held(msgspec.Struct, frozen=True):
 
     Attributes:
         count: how many.
-        oldest_created_at: when the oldest of them was written (``None`` when there are none).
+        oldest_created_at: when the oldest of those relief may take was written (``None``
+            when there are none).
         expired: records of that instance found expired unclaimed since the last read (their
             handles were never used: D freed the blocks at its TTL). Each is reported once,
             whichever replica reads it.
+        releasable: how many of them pressure relief may take: not shadowed
+            (``Record.shadowed``), so releasing them frees their blocks.
     """
 
     count: int = 0
     oldest_created_at: float | None = None
     expired: int = 0
+    releasable: int = 0
 
 
 class Committed(msgspec.Struct, frozen=True):

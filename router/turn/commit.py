@@ -80,6 +80,7 @@ async def commit(
         prefix=sequence.prefix(tokens, output_start=len(ids)),
         created_at=now,
         expires_at=now + req.model.record_ttl,
+        shadowed=output.shadowed,
     )
     try:
         with svc.leg(req, "commit"):

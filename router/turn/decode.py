@@ -22,7 +22,7 @@ from router.errors import (
     is_client_fault,
     sse_error,
 )
-from router.ledger import Held, Origin
+from router.ledger import HeldHandle, Origin
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_decode
 from router.pool import Instance
@@ -93,7 +93,7 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
     last: UpstreamError | None = None
     # A decode-local turn does not need the claimed handle; D's pin is released once D has
     # answered (before that, the pinned blocks keep the history from being evicted).
-    unneeded: tuple[Held, dict[str, Any]] | None = None
+    unneeded: tuple[HeldHandle, dict[str, Any]] | None = None
     for attempt in range(2):
         local = _decode_local(svc, req, prepared, tried) if attempt == 0 else None
         if local is not None:
@@ -153,7 +153,7 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
 
 
 def _release_unneeded(
-    svc: TurnServices, req: TurnRequest, unneeded: tuple[Held, dict[str, Any]] | None
+    svc: TurnServices, req: TurnRequest, unneeded: tuple[HeldHandle, dict[str, Any]] | None
 ) -> None:
     if unneeded is not None:
         svc.release_later(req, *unneeded, ReleaseCause.DECODE_LOCAL)

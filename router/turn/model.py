@@ -11,7 +11,7 @@ from typing import Any, TypeAlias
 
 from router.config import ModelConfig
 from router.kv.index import Cached, Prompt
-from router.ledger import Held
+from router.ledger import HeldHandle
 from router.metrics import turn_label
 from router.pool import Instance, Lease
 from router.tracing import NO_TRACE, TurnTrace
@@ -124,7 +124,9 @@ class Prepared:
     warm_cached: dict[str, int] = field(default_factory=dict)  # tokens held, by warm tier
     tokens: TokensPrompt | None = None  # tokens-only models only
     planned_reuse: int = 0  # prompt tokens the plan's handle covers, if it is used
-    claimed: Held | None = None  # the claimed record's handle in the ledger (router/ledger.py)
+    claimed: HeldHandle | None = (
+        None  # the claimed record's handle in the ledger (router/ledger.py)
+    )
     prefill_ids: list[int] | None = None  # the prompt ids P said it ran, when it says
 
     @property

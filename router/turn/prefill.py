@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
-from router.ledger import Held
+from router.ledger import HeldHandle
 from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from router.policy import pick_prefill
 from router.pool import Instance
@@ -139,7 +139,9 @@ async def _no_prefill(svc: TurnServices, req: TurnRequest, prepared: Prepared) -
     return None, None
 
 
-async def _put_back(svc: TurnServices, req: TurnRequest, record: Record, claimed: Held) -> None:
+async def _put_back(
+    svc: TurnServices, req: TurnRequest, record: Record, claimed: HeldHandle
+) -> None:
     assert req.key is not None
     try:
         put_back = await svc.store.commit(

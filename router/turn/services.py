@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from router.config import ModelConfig, RouterConfig
 from router.errors import UpstreamError
 from router.kv.service import KvEvents
-from router.ledger import HandleLedger, Held
+from router.ledger import HandleLedger, HeldHandle
 from router.metrics import Histogram, RouterMetrics
 from router.outcomes import ReleaseCause
 from router.policy import Affinity, pick_prefill
@@ -133,7 +133,7 @@ class TurnServices:
         self.in_background(warm())
 
     def release_later(
-        self, req: TurnRequest, held: Held, handle: dict[str, Any], cause: ReleaseCause | str
+        self, req: TurnRequest, held: HeldHandle, handle: dict[str, Any], cause: ReleaseCause | str
     ) -> None:
         """Free D's pinned blocks now, without holding up the turn (docs/handles.md says
         which handles may be released)."""

@@ -153,6 +153,7 @@ class TokensApi:
             output.no_handle = NoHandleCause.CAPTURE_FAILED
             return
         output.handle, output.no_handle = handle, None
+        output.shadowed = True  # the stream's own pin still holds these blocks
 
 
 def plain_detokenizer(

@@ -7,13 +7,15 @@ import asyncio
 import time
 import uuid
 
+import msgspec
+
 from bench.redis_server import RedisServer
 from router.config import InstanceConfig, ModelConfig
 from router.ledger import HandleLedger
 from router.metrics import RouterMetrics
 from router.pool import Breaker, Instance
 from router.pressure import relieve, share_to_release
-from state import ConversationKey, Record, RedisStore
+from state import ConversationKey, MemoryStore, Record, RedisStore
 from tests.support.records import make_record
 
 HIGH, LOW = 0.9, 0.75
@@ -62,3 +64,38 @@ async def test_four_processes_relieving_at_once_give_back_what_one_would(
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_relief_passes_by_shadowed_records_and_sizes_its_share_by_the_others() -> None:
+    # A D filled mostly by pins of tokens-only streams: their captured handles are shadowed
+    # (releasing them frees next to nothing), two other conversations' are not.
+    store = MemoryStore()
+    now = time.time()
+    for i in range(12):
+        record = msgspec.structs.replace(make_record(1, decode="d0"), shadowed=i >= 2)
+        await store.commit(ConversationKey("acme", "m", f"c{i}"), record, now=now)
+    model = ModelConfig(prefill=[], decode=[InstanceConfig(url="http://d0", name="d0")])
+    decode = Instance(model.decode[0], "decode", model, Breaker(3, 5.0))
+    decode.kv_usage = 0.95
+    released: list[Record] = []
+
+    async def release(_: Instance, record: Record) -> bool:
+        released.append(record)
+        return True
+
+    metrics = RouterMetrics()
+    for second in range(3):  # three passes, usage as high as ever: never a shadowed one
+        await relieve(
+            store,
+            [decode],
+            release,
+            HandleLedger(metrics),
+            metrics,
+            high_water=HIGH,
+            low_water=LOW,
+            now=now + second * 5.0,
+            period=5.0,
+        )
+    assert released and not any(r.shadowed for r in released)
+    assert len(released) == 2  # 1 (the share of 2), then the last one; the 10 stay stored
+    assert (await store.held(["d0"], now=now))["d0"].count == 10

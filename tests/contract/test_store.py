@@ -275,6 +275,25 @@ async def test_two_replicas_relieving_one_instance_never_take_a_record_twice(
     assert sorted(turns) == list(range(1, 41))
 
 
+async def test_shadowed_records_are_held_but_never_taken_by_relief(store: Store) -> None:
+    now = time.time()
+    for i, shadowed in enumerate((True, False, True)):  # c0 oldest, shadowed
+        record = msgspec.structs.replace(
+            make_record(1, decode="d9"), created_at=now - 60 + i, shadowed=shadowed
+        )
+        await store.commit(key(f"shadow-{i}"), record, now=now)
+    held = (await store.held(["d9"], now=now))["d9"]
+    assert (held.count, held.releasable) == (3, 1)
+    assert held.oldest_created_at == now - 59  # the oldest relief may take
+    oldest = await store.claim_oldest("d9", 10, now=now)
+    assert [r.shadowed for r in oldest.records] == [False]
+    # A turn claims a shadowed record as any other, and a later turn's record replaces it.
+    assert (await store.claim(key("shadow-0"))) is not None
+    await store.commit(key("shadow-2"), make_record(2, decode="d9"), now=now)
+    held = (await store.held(["d9"], now=now))["d9"]
+    assert (held.count, held.releasable) == (1, 1)
+
+
 async def test_one_caller_per_period_takes_a_turn_fleet_wide(store: Store) -> None:
     now = time.time()
     other = f"relieve:{uuid.uuid4().hex}"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,11 @@ async def test_a_streamed_turn_is_derendered_and_its_handle_captured(rig: Tokens
     assert capture["token_ids"] == [*streamed["token_ids"], *answer]
     assert capture["sampling_params"] == {"max_tokens": 1}
     assert capture["kv_transfer_params"] == {"do_remote_prefill": False} and not capture["stream"]
+    # Stored, and shadowed: the stream's own pin holds the same blocks, so pressure relief
+    # would free next to nothing by giving it back.
+    store = rig.client.app.state.services.store
+    held = (await store.held([rig.d.host], now=time.time()))[rig.d.host]
+    assert (held.count, held.releasable) == (1, 0)
     second = await rig.chat(history(2))
     assert second.headers["x-carryover-path"] == "reuse"
     assert len(handles_sent_to_p(rig.p)) == 1
