@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from state.resp import Address, RespChannel, Tls
+from state.resp import Address, RespChannel, Tls, redacted_url
 
 if TYPE_CHECKING:
     from state.channel import Channel
@@ -67,7 +67,7 @@ def _hosts(netloc: str, default_port: int, url: str) -> tuple[tuple[str, int], .
     for item in netloc.split(","):
         item = item.strip()
         if not item:
-            raise ValueError(f"an empty host in a Redis URL: {url!r}")
+            raise ValueError(f"an empty host in a Redis URL: {redacted_url(url)!r}")
         if item.startswith("["):  # [ipv6]:port
             host, _, rest = item[1:].partition("]")
             port_text = rest.removeprefix(":")
@@ -76,7 +76,7 @@ def _hosts(netloc: str, default_port: int, url: str) -> tuple[tuple[str, int], .
         try:
             port = int(port_text) if port_text else default_port
         except ValueError:
-            raise ValueError(f"a Redis URL's port is a number: {url!r}") from None
+            raise ValueError(f"a Redis URL's port is a number: {redacted_url(url)!r}") from None
         hosts.append((host, port))
     return tuple(hosts)
 
@@ -85,14 +85,16 @@ def _db(text: str, url: str) -> int:
     try:
         return int(text or 0)
     except ValueError:
-        raise ValueError(f"the database of a Redis URL is a number: {url!r}") from None
+        raise ValueError(
+            f"the database of a Redis URL is a number: {redacted_url(url)!r}"
+        ) from None
 
 
 def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
     """Parse ``url``; ``tls`` gives TLS files the URL's query does not name."""
     scheme, sep, rest = url.partition("://")
     if not sep:
-        raise ValueError(f"not a Redis URL: {url!r}")
+        raise ValueError(f"not a Redis URL: {redacted_url(url)!r}")
     base, _, kind = scheme.partition("+")
     query = parse_qs(urlsplit(url).query)
     if base in _SINGLE_SCHEMES and not kind:
@@ -101,7 +103,7 @@ def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
     if base not in ("redis", "rediss") or kind not in ("sentinel", "cluster"):
         raise ValueError(
             "a Redis URL starts with redis://, rediss://, unix://, redis+sentinel:// or "
-            f"redis+cluster://: {url!r}"
+            f"redis+cluster://: {redacted_url(url)!r}"
         )
     parts = urlsplit(f"redis://{rest}")
     userinfo, _, netloc = parts.netloc.rpartition("@")
@@ -114,7 +116,9 @@ def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
     template = Address(username=username, password=password, tls=base == "rediss")
     if kind == "sentinel":
         if not path:
-            raise ValueError(f"a Sentinel URL names the primary: …/<master name>[/db]: {url!r}")
+            raise ValueError(
+                f"a Sentinel URL names the primary: …/<master name>[/db]: {redacted_url(url)!r}"
+            )
         db = _db(query["db"][0] if "db" in query else (path[1] if len(path) > 1 else ""), url)
         sentinel_password = query["sentinel_password"][0] if "sentinel_password" in query else None
         return RedisTarget(
@@ -125,7 +129,7 @@ def parse_redis_url(url: str, *, tls: Tls | None = None) -> RedisTarget:
             sentinel_password=sentinel_password,
         )
     if path or query.get("db", ["0"])[0] != "0":
-        raise ValueError(f"Redis Cluster has database 0 only: {url!r}")
+        raise ValueError(f"Redis Cluster has database 0 only: {redacted_url(url)!r}")
     return RedisTarget(
         Topology.CLUSTER, _with_tls(template, query, url, tls), seeds=_hosts(netloc, 6379, url)
     )
@@ -139,7 +143,9 @@ def _with_tls(address: Address, query: dict[str, list[str]], url: str, tls: Tls 
         key_file=query.get("ssl_keyfile", [given.key_file])[0],
     )
     if files != Tls() and not address.tls:
-        raise ValueError(f"TLS files are given for a plain-text Redis URL (use rediss://): {url!r}")
+        raise ValueError(
+            f"TLS files are given for a plain-text Redis URL (use rediss://): {redacted_url(url)!r}"
+        )
     return replace(address, tls_files=files)
 
 

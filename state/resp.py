@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import ssl
 from collections import deque
 from collections.abc import Sequence
@@ -46,6 +47,7 @@ __all__ = [
     "Script",
     "Tls",
     "pack",
+    "redacted_url",
 ]
 
 
@@ -97,6 +99,17 @@ def _pack_by_hand(args: Sequence[Arg]) -> bytes:
     return b"".join(parts)
 
 
+_PASSWORD_IN_URL = re.compile(r"(?P<head>//[^/@?#]*?:)[^@/?#]*@")
+_SECRET_QUERY = re.compile(r"(?P<head>[?&](?:sentinel_)?password=)[^&#]*")
+
+
+def redacted_url(url: str) -> str:
+    """``url`` as errors and logs may show it: passwords, in the userinfo or the query
+    (``sentinel_password``), replaced by ``***``."""
+    shown = _PASSWORD_IN_URL.sub(r"\g<head>***@", url)
+    return _SECRET_QUERY.sub(r"\g<head>***", shown)
+
+
 @dataclass(frozen=True)
 class Tls:
     """Files for a TLS connection: the CA that signed the server's certificate (the system's
@@ -141,8 +154,9 @@ class Address:
         ``unix://[[user]:password@]/path[?db=N]``, as redis-py reads them (user and password
         percent-decoded; ``?db=`` wins over the path's)."""
         parts = urlsplit(url)
+        shown = redacted_url(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"a Redis URL starts with redis://, rediss:// or unix://: {url!r}")
+            raise ValueError(f"a Redis URL starts with redis://, rediss:// or unix://: {shown!r}")
         query = parse_qs(parts.query)
         db_text = query["db"][0] if "db" in query else ""
         if not db_text and parts.scheme != "unix":
@@ -150,12 +164,12 @@ class Address:
         try:
             db = int(db_text or 0)
         except ValueError:
-            raise ValueError(f"the database of a Redis URL is a number: {url!r}") from None
+            raise ValueError(f"the database of a Redis URL is a number: {shown!r}") from None
         username = unquote(parts.username) if parts.username else None
         password = unquote(parts.password) if parts.password is not None else None
         if parts.scheme == "unix":
             if not parts.path:
-                raise ValueError(f"a unix:// Redis URL needs a socket path: {url!r}")
+                raise ValueError(f"a unix:// Redis URL needs a socket path: {shown!r}")
             return cls(path=parts.path, db=db, username=username, password=password)
         return cls(
             host=parts.hostname or "127.0.0.1",

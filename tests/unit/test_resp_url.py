@@ -156,3 +156,20 @@ def test_sentinels_are_reached_with_the_data_nodes_tls_files() -> None:
         "sentinel-pw",
     )
     channel.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@127.0.0.1:1/x",
+        "redis://user:s3cret@127.0.0.1:notaport/0",
+        "redis+sentinel://:s3cret@127.0.0.1:1",
+        "redis+cluster://:s3cret@127.0.0.1:1/2",
+        "http://:s3cret@h:1",
+        "redis+sentinel://h:1?sentinel_password=s3cret",
+    ],
+)
+def test_a_refused_url_is_named_without_its_password(url: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        parse_redis_url(url)
+    assert "s3cret" not in str(refused.value)
