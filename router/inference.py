@@ -43,6 +43,12 @@ def _new_request_id() -> str:
     return f"{_ids.getrandbits(128):032x}"
 
 
+def _forwardable(request_id: str) -> bool:
+    """A client's ``X-Request-Id`` goes to the engines only as visible ASCII, at most 128
+    characters: any other byte can make an engine fail the request (and count against it)."""
+    return len(request_id) <= 128 and request_id.isascii() and request_id.isprintable()
+
+
 def _conversation_hash(conversation_id: str) -> str:
     return hashlib.sha256(conversation_id.encode()).hexdigest()[:12]
 
@@ -131,7 +137,7 @@ async def _generate(
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")
     request_id = headers.get("x-request-id") or _new_request_id()
-    if len(request_id) > 128 or not request_id.isprintable():
+    if not _forwardable(request_id):
         request_id = _new_request_id()
     conversation_hash = _conversation_hash(conversation_id) if conversation_id else None
     trace = services.tracing.turn(

@@ -141,3 +141,16 @@ async def test_other_methods_on_the_endpoints_are_an_openai_405(
 async def test_unknown_route_is_an_openai_404(bad_input_stack: Stack) -> None:
     r = await bad_input_stack.client.get(bad_input_stack.router.url + "/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
+
+
+async def test_a_request_id_engines_could_not_take_is_replaced(bad_input_stack: Stack) -> None:
+    # Forwarded verbatim, a non-ASCII X-Request-Id made the engine answer 500: any client
+    # could fail requests at will (and count as the instance's failures).
+    s = bad_input_stack
+    for request_id in ("café-ü".encode(), "café".encode("latin-1"), b"x" * 200, b"tab\there"):
+        r = await s.client.post(
+            f"{s.router.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi."}]},
+            headers={b"X-Request-Id": request_id},
+        )
+        assert r.status_code == 200, (request_id, r.text)
