@@ -144,18 +144,24 @@ def test_tls_files_that_cannot_be_read_or_a_plain_url_with_them_are_refused(
         open_store(_config("redis://127.0.0.1:1/0", password_file=str(tmp_path / "none")))
 
 
-async def test_without_a_replica_acknowledging_a_claim_its_handle_is_not_used(
-    redis_server: RedisServer,
-) -> None:
-    # One server asked for replica durability: WAIT answers 0, as a primary cut off from its
-    # replicas would, whose writes a failover is about to lose.
-    store = RedisStore.from_url(
-        redis_server.url,
+def _unacknowledged(server: RedisServer) -> RedisStore:
+    """One server asked for replica durability: WAIT answers 0, as a primary cut off from its
+    replicas would, whose writes a failover is about to lose."""
+    return RedisStore.from_url(
+        server.url,
         namespace=f"t{uuid.uuid4().hex}",
         timeout=2.0,
         durability=Durability.REPLICA,
         wait_timeout=0.01,
     )
+
+
+async def test_without_a_replica_acknowledging_a_claim_its_handle_is_not_used(
+    redis_server: RedisServer,
+) -> None:
+    # One server asked for replica durability: WAIT answers 0, as a primary cut off from its
+    # replicas would, whose writes a failover is about to lose.
+    store = _unacknowledged(redis_server)
     try:
         first, second = make_record(1), make_record(1)
         assert await store.commit(KEY, first, now=time.time()) == Committed(True, None)
@@ -175,13 +181,7 @@ async def test_relief_without_replica_acknowledgement_stops_and_leaves_the_rest_
 ) -> None:
     # 40 held records and no replica acknowledging: the first batch is claimed but withheld
     # (never released), and claiming stops there instead of emptying the index.
-    store = RedisStore.from_url(
-        redis_server.url,
-        namespace=f"t{uuid.uuid4().hex}",
-        timeout=2.0,
-        durability=Durability.REPLICA,
-        wait_timeout=0.01,
-    )
+    store = _unacknowledged(redis_server)
     try:
         for i in range(40):
             await store.commit(
@@ -338,8 +338,7 @@ async def test_a_frozen_replica_stalls_no_read_and_concurrent_commits_wait_once(
                 key = ConversationKey("acme", "m", f"lag-{i}")
                 return await store.commit(key, make_record(1), now=time.time())
 
-            async def read() -> float:
-                await asyncio.sleep(0)  # behind the commits' frames
+            async def read() -> float:  # beside the commits (a GET is never a waited write)
                 started = time.monotonic()
                 await store.get(KEY)
                 return time.monotonic() - started

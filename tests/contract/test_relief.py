@@ -14,11 +14,22 @@ from router.config import InstanceConfig, ModelConfig
 from router.ledger import HandleLedger
 from router.metrics import RouterMetrics
 from router.pool import Breaker, Instance
-from router.pressure import relieve, share_to_release
+from router.pressure import Release, relieve, share_to_release
 from state import ConversationKey, MemoryStore, Record, RedisStore
 from tests.support.records import make_record
 
 HIGH, LOW = 0.9, 0.75
+
+
+def _recorder() -> tuple[list[Record], Release]:
+    """A release that only notes what it was given."""
+    released: list[Record] = []
+
+    async def release(_: Instance, record: Record) -> bool:
+        released.append(record)
+        return True
+
+    return released, release
 
 
 async def test_four_processes_relieving_at_once_give_back_what_one_would(
@@ -33,11 +44,7 @@ async def test_four_processes_relieving_at_once_give_back_what_one_would(
             record = make_record(1, decode="d0")
             await stores[0].commit(ConversationKey("acme", "m", f"c{i}"), record, now=time.time())
         model = ModelConfig(prefill=[], decode=[InstanceConfig(url="http://d0", name="d0")])
-        released: list[Record] = []
-
-        async def release(_: Instance, record: Record) -> bool:
-            released.append(record)
-            return True
+        released, release = _recorder()
 
         async def one_process(store: RedisStore) -> int:
             decode = Instance(model.decode[0], "decode", model, Breaker(3, 5.0))
@@ -77,11 +84,7 @@ async def test_relief_passes_by_shadowed_records_and_sizes_its_share_by_the_othe
     model = ModelConfig(prefill=[], decode=[InstanceConfig(url="http://d0", name="d0")])
     decode = Instance(model.decode[0], "decode", model, Breaker(3, 5.0))
     decode.kv_usage = 0.95
-    released: list[Record] = []
-
-    async def release(_: Instance, record: Record) -> bool:
-        released.append(record)
-        return True
+    released, release = _recorder()
 
     metrics = RouterMetrics()
     for second in range(3):  # three passes, usage as high as ever: never a shadowed one
