@@ -42,6 +42,7 @@ from router.readiness import watch_models
 from router.render.choose import Renderers
 from router.services import Services, json_response
 from router.store import check_store, open_store
+from router.tenants.salt import salts_of
 from router.tokens.check import TokensCheck, keep_checking
 from router.tracing import Tracing
 from router.turn import TurnRunner
@@ -59,7 +60,7 @@ log = logging.getLogger("carryover.router")
 
 def _error_response(exc: CarryoverError) -> Response[bytes]:
     return json_response(
-        exc.status_code, error_body(exc.status_code, exc.message, exc.error_type, exc.param)
+        exc.status_code, error_body(exc.status_code, exc.public_message, exc.error_type, exc.param)
     )
 
 
@@ -131,6 +132,7 @@ def create_app(
             tracing=Tracing.from_environment(),
             clock=clock,
             kv=kv,
+            salts=salts_of(config),
             tokens_checks=tokens_checks,
         )
         app.state.services = services

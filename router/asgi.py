@@ -1,5 +1,5 @@
-"""The app factory uvicorn calls in each worker: the config arrives serialized in the
-environment, written by ``carryover serve`` (``router.cli``), so every worker builds the same app."""
+"""The app factory uvicorn calls in each worker: the config arrives serialized in a private
+file written by ``carryover serve`` (``router.cli``), so every worker builds the same app."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ __all__ = ["CONFIG_ENV", "build"]
 
 
 def build() -> Litestar:
-    config = msgspec.json.decode(os.environ[CONFIG_ENV], type=RouterConfig)
+    with open(os.environ[CONFIG_ENV], "rb") as file:
+        config = msgspec.json.decode(file.read(), type=RouterConfig)
     configure_logging(config.log_level)
     return create_app(config)

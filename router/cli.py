@@ -143,7 +143,21 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-kv-low-water", type=float, help="what giving back aims for (0-1)")
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--max-messages", type=int)
-    p.add_argument("--admin-key", help="bearer key for /admin/* (prefer CARRYOVER_ADMIN_KEY)")
+    p.add_argument(
+        "--admin-key", help="bearer key for /admin/* (prefer --admin-key-file: argv is public)"
+    )
+    p.add_argument("--admin-key-file", metavar="FILE", help="a file holding the admin key")
+    p.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --host without API keys (everyone is tenant 'default')",
+    )
+    p.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="tenants share the engines' prefix caches (off: a cache salt per tenant)",
+    )
+    p.add_argument("--cache-salt-key-file", metavar="FILE", help="the key of the tenants' salts")
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-level")
     return p
@@ -183,6 +197,16 @@ def _read_api_keys(path: Path) -> dict[str, str]:
     if not all(keys) or not all(keys.values()):
         raise ConfigError(f"api_keys_file {path}: empty keys or tenants")
     return keys
+
+
+def _read_secret(path: Path, setting: str) -> str:
+    try:
+        value = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{setting} {path}: {exc.strerror}") from exc
+    if not value:
+        raise ConfigError(f"{setting} {path}: empty")
+    return value
 
 
 def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> RouterConfig:
@@ -232,6 +256,19 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
         value = pick(flag, env_name, convert)
         if value is not None:
             router[key] = value
+    admin_file = pick(args.admin_key_file, "ADMIN_KEY_FILE") or router.pop("admin_key_file", None)
+    router.pop("admin_key_file", None)
+    if admin_file and "admin_key" not in router:
+        router["admin_key"] = _read_secret(Path(admin_file), "admin_key_file")
+    salt_file = pick(args.cache_salt_key_file, "CACHE_SALT_KEY_FILE")
+    if salt_file:
+        router["cache_salt_key_file"] = salt_file
+    for key, flag, env_name in (
+        ("allow_unauthenticated", args.allow_unauthenticated, "ALLOW_UNAUTHENTICATED"),
+        ("shared_cache", args.shared_cache, "SHARED_CACHE"),
+    ):
+        if flag or env.get(_ENV_PREFIX + env_name) == "1":
+            router[key] = True
     keys_file = pick(None, "API_KEYS_FILE") or router.pop("api_keys_file", None)
     router.pop("api_keys_file", None)
     if keys_file:
@@ -351,9 +388,29 @@ def _serve(argv: Sequence[str]) -> None:
     import uvicorn
 
     config = load_config(argv)
-    os.environ[CONFIG_ENV] = msgspec.json.encode(config).decode()
-    with _worker_metrics(config.workers or 1):
+    for name in _SECRET_ENV:  # read: the workers must not inherit them
+        os.environ.pop(_ENV_PREFIX + name, None)
+    with _private_config(config), _worker_metrics(config.workers or 1):
         _run_uvicorn(uvicorn, config)
+
+
+#: Variables that may hold a key or a password (files are the recommended way).
+_SECRET_ENV = ("ADMIN_KEY", "REDIS")
+
+
+@contextlib.contextmanager
+def _private_config(config: RouterConfig) -> Iterator[None]:
+    """The config for the workers, in a file only this user can read, removed at exit."""
+    with tempfile.TemporaryDirectory(prefix="carryover-serve-") as folder:  # mode 0700
+        path = Path(folder) / "config.json"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(msgspec.json.encode(config))
+        os.environ[CONFIG_ENV] = str(path)
+        try:
+            yield
+        finally:
+            del os.environ[CONFIG_ENV]
 
 
 @contextlib.contextmanager

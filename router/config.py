@@ -5,6 +5,7 @@ Every duration is in seconds, every size in bytes unless the name says otherwise
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -23,12 +24,22 @@ __all__ = [
     "WarmTierConfig",
 ]
 
-#: The environment variable ``carryover serve`` passes the config to its uvicorn workers in
-#: (``router/asgi.py``), so the serving process itself never imports the app.
-CONFIG_ENV = "CARRYOVER_SERVE_CONFIG"
+#: The environment variable naming the file ``carryover serve`` writes the config to for its
+#: uvicorn workers (``router/asgi.py``): the config holds keys and passwords, so it goes in a
+#: file only its user can read, never in the environment (``/proc/<pid>/environ``).
+CONFIG_ENV = "CARRYOVER_SERVE_CONFIG_FILE"
 
 #: vLLM declines a D->P read within this many seconds of D's deadline (pull_worker.py:31-33).
 VLLM_EXPIRY_MARGIN = 5.0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
 
 
 class ConfigError(ValueError):
@@ -306,7 +317,18 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         api_keys: bearer key -> tenant; empty means no authentication (tenant ``default``).
             ``api_keys_file`` in the file (or ``CARRYOVER_API_KEYS_FILE``) adds those of a
             JSON object in a file, a mounted secret say (read by ``router.cli``).
-        admin_key: bearer key for ``/admin/*`` (admin endpoints are off without one).
+        admin_key: bearer key for ``/admin/*`` (admin endpoints are off without one);
+            ``admin_key_file`` (or ``CARRYOVER_ADMIN_KEY_FILE``) reads it from a file.
+        allow_unauthenticated: serve a ``host`` other than loopback without ``api_keys``;
+            refused otherwise, since everyone would be tenant ``default``.
+        shared_cache: tenants share the engines' prefix caches, the warm tier and the KV
+            index (the client's ``cache_salt`` goes as sent). Off (the default), every request
+            carries a salt keyed by its tenant, so no tenant hits, or times, another's cached
+            prompt (docs/security.md). On for one tenant, or trusted tenants sharing long
+            system prompts.
+        cache_salt_key_file: a file holding the secret the tenants' salts are keyed with
+            (read by each process; without it a fixed key: tenants stay apart, but whoever
+            reads engine requests can tell which tenant a salt belongs to).
         expose_path_header: add ``X-Carryover-Path`` (reuse|partial|cold-…) to responses.
         health_interval: seconds between health and load probes of each instance.
         held_interval: seconds between reads of the handles each decode instance holds (the
@@ -342,6 +364,9 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_messages: int = 4096
     api_keys: dict[str, str] = {}
     admin_key: str | None = None
+    allow_unauthenticated: bool = False
+    shared_cache: bool = False
+    cache_salt_key_file: str | None = None
     expose_path_header: bool = False
     timeouts: Timeouts = Timeouts()
     health_interval: float = 1.0
@@ -375,5 +400,11 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("affinity_slack and affinity_tokens_per_load must be 0 or more")
         if not 0 < self.decode_kv_low_water < self.decode_kv_high_water:
             raise ConfigError("decode_kv_low_water must be above 0 and below decode_kv_high_water")
+        if not self.api_keys and not self.allow_unauthenticated and not _loopback(self.host):
+            raise ConfigError(
+                f"host {self.host!r} serves beyond this machine with no api_keys: everyone "
+                "would be tenant 'default'; set api_keys_file (or api_keys), or "
+                "allow_unauthenticated (--allow-unauthenticated) to mean it"
+            )
         if self.max_body_bytes <= 0 or self.max_messages <= 0:
             raise ConfigError("max_body_bytes and max_messages must be positive")

@@ -20,6 +20,7 @@ served cold). httpx errors are mapped in ``router.upstream`` only.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -46,6 +47,10 @@ __all__ = [
 ]
 
 
+#: An engine's URL, or a host:port (the default instance name).
+_ADDRESS = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+|\[?[\w.:-]+\]?:\d{1,5}\b", re.IGNORECASE)
+
+
 class CarryoverError(Exception):
     status_code = 500
     error_type = "InternalServerError"
@@ -56,6 +61,11 @@ class CarryoverError(Exception):
         self.message = message
         if param is not None:
             self.param = param
+
+    @property
+    def public_message(self) -> str:
+        """The message as a client gets it."""
+        return self.message
 
 
 class ClientError(CarryoverError):
@@ -109,6 +119,13 @@ class BodyTooLarge(ClientError):
 class UpstreamError(CarryoverError):
     status_code = 502
     error_type = "BadGatewayError"
+
+    @property
+    def public_message(self) -> str:
+        """What a client reads: the message without the engines' addresses (logs keep them)."""
+        if self.status_code < 500:
+            return self.message  # the engine's own words on the client's request
+        return _ADDRESS.sub("an engine", self.message)
 
 
 class EngineUnavailable(UpstreamError):
@@ -169,7 +186,7 @@ def sse_error(exc: UpstreamError) -> bytes:
     """An error as one SSE event: what a client gets when a stream fails mid-way."""
     body = {
         "error": {
-            "message": exc.message,
+            "message": exc.public_message,
             "type": exc.error_type,
             "param": None,
             "code": exc.status_code,

@@ -26,6 +26,7 @@ from router.services import (
     resolve_model,
     services_of,
 )
+from router.tenants.salt import check_client_salt
 from router.turn import TurnRequest
 
 __all__ = ["chat_completions", "completions", "models"]
@@ -128,11 +129,17 @@ async def _generate(
     raw = await _body(receive, headers, services.config.max_body_bytes)
     body, view = parse_body(raw, chat=chat, max_messages=services.config.max_messages)
     conversation_id = _conversation_id(services, headers, body)
-    model, model_name = resolve_model(services, view.model)
-    labels.model = model_name
+    salt = services.salts.of(tenant, check_client_salt(body.get("cache_salt")))
+    if salt is None:
+        body.pop("cache_salt", None)
+    else:
+        body["cache_salt"] = salt
+    resolved = resolve_model(services, view.model)
+    model, model_name = resolved.model, resolved.name
+    labels.model = model_name if resolved.known else ""
     key = None
     if conversation_id is not None:
-        key = conversation_key(tenant, model_name, conversation_id)
+        key = conversation_key(tenant, resolved, conversation_id)
     turn = None
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")
@@ -143,7 +150,7 @@ async def _generate(
     trace = services.tracing.turn(
         headers,
         request_id=request_id,
-        model=model_name,
+        model=labels.model,
         tenant=tenant,
         conversation=conversation_hash,
         stream=bool(view.stream),
@@ -158,6 +165,8 @@ async def _generate(
         client_wants_ids=bool(view.return_token_ids),
         request_id=request_id,
         turn=turn,
+        tenant=tenant,
+        model_name_known=resolved.known,
         trace=trace,
         started_at=services.clock(),
     )

@@ -16,6 +16,19 @@ MAX_TOKENS_LIMIT = 10_000_000
 MAX_TOKEN_ID = 2**31 - 1  # any vocabulary fits; larger ids are garbage, not a token
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _decoder = msgspec.json.Decoder()
+#: Template variables the request's own fields set (vLLM refuses ``chat_template`` and
+#: ``tokenize`` here too, vllm/renderers/hf.py ``resolve_chat_template_kwargs``).
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "tokenize",
+    }
+)
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=False):
@@ -75,6 +88,13 @@ def parse_body(
     if view.n not in (None, 1):
         raise BadRequest("only n=1 is supported", param="n")
     if isinstance(view, ChatView):
+        reserved = _RESERVED_TEMPLATE_KWARGS & (view.chat_template_kwargs or {}).keys()
+        if reserved:
+            raise BadRequest(
+                f"chat_template_kwargs may not set {', '.join(sorted(reserved))}: "
+                "the request's own fields do",
+                param="chat_template_kwargs",
+            )
         if not view.messages:
             raise BadRequest("messages must be a non-empty list", param="messages")
         if len(view.messages) > max_messages:

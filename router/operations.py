@@ -57,15 +57,22 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(content, media_type="text/plain; version=0.0.4")
 
 
-@delete("/v1/conversations/{conversation_id:str}", status_code=200)
+def _id_of(request: Request[Any, Any, Any], prefix: str) -> str:
+    """The conversation id: the rest of the URL path as sent (ids may hold ``/``; the routed
+    path parameter is normalized as a file path, which could change an id)."""
+    path: str = request.scope["path"]
+    return path[len(prefix) :]
+
+
+@delete("/v1/conversations/{conversation_id:path}", status_code=200)
 async def end_conversation(
     request: Request[Any, Any, Any], conversation_id: FromPath[str]
 ) -> Response[bytes]:
     """Drop a conversation's record and free its decode blocks now."""
     services = services_of(request)
     tenant = services.auth.tenant(request.headers.get("authorization"))
-    model, model_name = resolve_model(services, request.query_params.get("model"))
-    key = conversation_key(tenant, model_name, conversation_id)
+    resolved = resolve_model(services, request.query_params.get("model"))
+    key = conversation_key(tenant, resolved, _id_of(request, "/v1/conversations/"))
     try:
         # Turns still running commit nothing after this (fenced for as long as one can run).
         record = await services.store.delete(
@@ -76,17 +83,17 @@ async def end_conversation(
     released = False
     if record is not None:
         released = await services.runner.give_back(
-            model, model_name, record.handle, Origin.ENDED, ReleaseCause.DELETED
+            resolved.model, resolved.name, record.handle, Origin.ENDED, ReleaseCause.DELETED
         )
     return json_response(
         200,
         msgspec.json.encode(
-            {"id": conversation_id, "deleted": record is not None, "released": released}
+            {"id": key.conversation_id, "deleted": record is not None, "released": released}
         ),
     )
 
 
-@get("/admin/conversations/{conversation_id:str}")
+@get("/admin/conversations/{conversation_id:path}")
 async def inspect_conversation(
     request: Request[Any, Any, Any], conversation_id: FromPath[str]
 ) -> Response[bytes]:
@@ -94,8 +101,8 @@ async def inspect_conversation(
     services = services_of(request)
     services.auth.admin(request.headers.get("authorization"))
     tenant = request.query_params.get("tenant") or DEFAULT_TENANT
-    _, model_name = resolve_model(services, request.query_params.get("model"))
-    key = conversation_key(tenant, model_name, conversation_id)
+    resolved = resolve_model(services, request.query_params.get("model"))
+    key = conversation_key(tenant, resolved, _id_of(request, "/admin/conversations/"))
     try:
         record = await services.store.get(key)
     except StoreUnavailable as exc:
@@ -104,7 +111,7 @@ async def inspect_conversation(
         raise NotFound("no record for this conversation")
     now = services.clock()
     summary = {
-        "id": conversation_id,
+        "id": key.conversation_id,
         "tenant": tenant,
         "turn": record.turn,
         "decode": record.decode,

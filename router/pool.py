@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from router.config import InstanceConfig, ModelConfig, RouterConfig
 from router.engine_gauges import parse_gauges
-from router.errors import EngineUnavailable, UpstreamError
+from router.errors import EngineFailed, EngineUnavailable, UpstreamError
 from router.metrics import RouterMetrics
 from router.upstream import Upstream
 from state import Store, StoreUnavailable
@@ -33,14 +33,23 @@ _PROBES_TO_DOWN = 3
 
 @dataclass
 class Breaker:
-    """Opens after ``threshold`` consecutive failures; after ``reset`` seconds lets one trial
-    request through (half-open); a success closes it."""
+    """Opens after ``threshold`` consecutive failures that only the engine can have caused;
+    after ``reset`` seconds lets one trial request through (half-open); a success closes it.
+
+    A failure is the engine's when it is engine-wide (no connection, a timeout, a broken
+    stream: ``blame`` ``None``), or when error answers came for requests of at least
+    ``tenants_to_blame`` tenants in the run. An error answer only one tenant's requests get
+    may be caused by what that tenant sends: it fails those requests, never the instance
+    for everyone (docs/security.md)."""
 
     threshold: int
     reset: float
+    tenants_to_blame: int = 1
     failures: int = 0
     opened_at: float | None = None
     trial_in_flight: bool = False
+    engine_wide: bool = False
+    blamed: set[str] = field(default_factory=set)
 
     def allows(self, now: float) -> bool:
         if self.opened_at is None:
@@ -69,11 +78,20 @@ class Breaker:
         self.failures = 0
         self.opened_at = None
         self.trial_in_flight = False
+        self.engine_wide = False
+        self.blamed.clear()
 
-    def failure(self, now: float) -> None:
+    def failure(self, now: float, tenant: str | None = None) -> None:
+        """A failed request; ``tenant``: the engine answered it with an error (whose cause
+        may be the request), ``None``: an engine-wide failure."""
         self.failures += 1
         self.trial_in_flight = False
-        if self.failures >= self.threshold or self.opened_at is not None:
+        if tenant is None:
+            self.engine_wide = True
+        elif len(self.blamed) < self.tenants_to_blame:
+            self.blamed.add(tenant)
+        engines = self.engine_wide or len(self.blamed) >= self.tenants_to_blame
+        if (self.failures >= self.threshold and engines) or self.opened_at is not None:
             self.opened_at = now  # a failed trial opens it for another reset period
 
 
@@ -121,10 +139,11 @@ class Instance:
 
 
 class Lease:
-    """One request's hold on an instance (see :meth:`InstancePool.lease`)."""
+    """One request's hold on an instance (see :meth:`InstancePool.lease`), for ``tenant``."""
 
-    def __init__(self, pool: InstancePool, instance: Instance) -> None:
+    def __init__(self, pool: InstancePool, instance: Instance, tenant: str) -> None:
         self.instance = instance
+        self.tenant = tenant
         self.decided = False
         self._pool = pool
 
@@ -134,7 +153,13 @@ class Lease:
 
     def failed(self, error: UpstreamError) -> None:
         self.decided = True
-        self._pool.failed(self.instance, error)
+        self._pool.failed(self.instance, error, self.tenant)
+
+
+def _tenants_to_blame(config: RouterConfig) -> int:
+    """Error answers of two tenants make an engine's failure; with one tenant (or no keys),
+    every error answer counts, as there is no one else to protect."""
+    return 2 if len(set(config.api_keys.values())) >= 2 else 1
 
 
 def _in_flight(instance: Instance) -> float:
@@ -157,7 +182,9 @@ class InstancePool:
         for model in config.models:
             for role, group in (("prefill", model.prefill), ("decode", model.decode)):
                 for item in group:
-                    breaker = Breaker(config.breaker_failures, config.breaker_reset)
+                    breaker = Breaker(
+                        config.breaker_failures, config.breaker_reset, _tenants_to_blame(config)
+                    )
                     self.instances.append(Instance(item, role, model, breaker))
         self.by_name = {i.name: i for i in self.instances}
         # Read when scraped, not set per request: a lease would set it twice, and every
@@ -200,14 +227,14 @@ class InstancePool:
     # -- leases: the one way requests touch an instance's counts and breaker -----------------
 
     @contextlib.contextmanager
-    def lease(self, instance: Instance) -> Iterator[Lease]:
+    def lease(self, instance: Instance, tenant: str) -> Iterator[Lease]:
         """Hold ``instance`` for one request: counted in flight, and the breaker's one trial
         when its circuit is open. Whatever ends the block (an answer, an error, a client that
         left, a cancellation), the count comes back down, and a trial that got no verdict
         (:meth:`Lease.succeeded` / :meth:`Lease.failed`) is given up for the next request."""
         instance.in_flight += 1
         trial = instance.breaker.begin()
-        lease = Lease(self, instance)
+        lease = Lease(self, instance, tenant)
         try:
             yield lease
         finally:
@@ -220,8 +247,9 @@ class InstancePool:
     def succeeded(self, instance: Instance) -> None:
         instance.breaker.success()
 
-    def failed(self, instance: Instance, error: UpstreamError) -> None:
-        instance.breaker.failure(time.monotonic())
+    def failed(self, instance: Instance, error: UpstreamError, tenant: str) -> None:
+        answered = isinstance(error, EngineFailed) and error.upstream_status is not None
+        instance.breaker.failure(time.monotonic(), tenant if answered else None)
         log.warning("instance %s failed: %s", instance.name, error.message)
 
     # -- background probing ------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from litestar import Request, Response
 
@@ -15,6 +15,7 @@ from router.errors import BadConversationId, ModelNotFound
 from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.pool import InstancePool
+from router.tenants.salt import CacheSalts
 from router.tokens.check import TokensCheck
 from router.tracing import Tracing
 from router.turn import TurnRunner
@@ -36,6 +37,7 @@ class Services:
     model_names: dict[int, str]  # by id() of the model: configured, or what engines list
     tracing: Tracing
     kv: KvEvents
+    salts: CacheSalts
     clock: Callable[[], float] = time.time
     tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)  # by id() of the model
     in_flight: int = 0
@@ -59,25 +61,34 @@ def services_of(request: Request[Any, Any, Any]) -> Services:
     return services
 
 
-def resolve_model(services: Services, name: str | None) -> tuple[ModelConfig, str]:
+class Resolved(NamedTuple):
+    model: ModelConfig
+    name: str  # what the engines are asked for
+    known: bool  # the served name is known: ``name`` is it, not what the client sent
+
+
+def resolve_model(services: Services, name: str | None) -> Resolved:
     models = services.config.models
     for model in models:
         known = services.model_names.get(id(model))
         if known is not None and known == name:
-            return model, known
+            return Resolved(model, known, True)
     if len(models) == 1:
         model = models[0]
         known = services.model_names.get(id(model))
         if known is None:
-            return model, name or ""
+            # Not asked of the engines yet: they judge the client's name themselves.
+            return Resolved(model, name or "", False)
         if name is None:
-            return model, known
+            return Resolved(model, known, True)
     raise ModelNotFound(f"The model `{name}` does not exist.")
 
 
-def conversation_key(tenant: str, model_name: str, conversation_id: str) -> ConversationKey:
+def conversation_key(tenant: str, resolved: Resolved, conversation_id: str) -> ConversationKey:
     try:
-        # A model whose name is not known yet (discovery pending) still gets one namespace.
-        return ConversationKey(tenant, model_name or "default", conversation_id)
+        # A model whose name is not known yet (discovery pending) gets one namespace, whatever
+        # name the client sent.
+        namespace = resolved.name if resolved.known else "default"
+        return ConversationKey(tenant, namespace or "default", conversation_id)
     except InvalidIdentifier as exc:
         raise BadConversationId(str(exc)) from exc

@@ -235,11 +235,13 @@ class SimEngine(NixlTransfer):
         if self.warm_tier is not None and seq.role != "decode":
             # Saved as computed, after the step (LMCache's connector on P; D saves nothing).
             contents = [self.pool.content[b] for b in seq.blocks]
-            task = asyncio.create_task(self.warm_tier.save(prompt, contents, size))
+            task = asyncio.create_task(
+                self.warm_tier.save(prompt, contents, size, seq.request.cache_salt)
+            )
             self._warm_saves.add(task)
             task.add_done_callback(self._warm_saves.discard)
         # Pulled and loaded blocks are cached under this prompt's token hashes (§3).
-        self.pool.cache(seq.blocks, prompt)
+        self.pool.cache(seq.blocks, prompt, seq.request.cache_salt)
         self.metrics.prompt_sources(computed, seq.cached, seq.external)
         fingerprint = self.pool.fingerprint(seq.blocks, len(prompt))
         request = seq.request

@@ -23,7 +23,16 @@ from bench.sim.responses import usage_of
 if TYPE_CHECKING:
     from bench.sim.server import SimServer
 
-__all__ = ["generate"]
+__all__ = ["cache_salt", "generate"]
+
+
+def cache_salt(body: dict[str, Any]) -> str | None:
+    """The request's ``cache_salt``, refused as vLLM refuses it when it is not a non-empty
+    string (``protocol.py``, ``check_cache_salt_support``)."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise EngineError(400, "Parameter 'cache_salt' must be a non-empty string if provided.")
+    return salt
 
 
 def _error(exc: EngineError) -> web.Response:
@@ -51,6 +60,9 @@ def _request(server: SimServer, body: dict[str, Any]) -> tuple[GenerationRequest
     kv = body.get("kv_transfer_params")
     if kv is not None and not isinstance(kv, dict):
         raise EngineError(400, "kv_transfer_params must be an object")
+    salt = cache_salt(body)
+    if salt is not None:
+        server.cache_salts.add(salt)
     prompt = list(ids)
     if server.faults.alter_prompt and len(prompt) > 1:
         prompt = prompt[:-1]
@@ -68,6 +80,7 @@ def _request(server: SimServer, body: dict[str, Any]) -> tuple[GenerationRequest
         ignore_eos=bool(sampling.get("ignore_eos")),
         thinking=kwargs.get("enable_thinking") is True,
         kv_params=dict(kv) if kv is not None else None,
+        cache_salt=salt,
     )
     return gen, f"generate-tokens-{request_id}"
 

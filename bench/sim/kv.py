@@ -21,7 +21,7 @@ import xxhash
 
 from router.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
-__all__ = ["SEED", "BlockPool", "OutOfBlocks", "chain", "token_hashes"]
+__all__ = ["SEED", "BlockPool", "OutOfBlocks", "chain", "salt_seed", "token_hashes"]
 
 SEED = b"\x00" * 16
 
@@ -37,10 +37,20 @@ def chain(previous: bytes, tokens: Sequence[int]) -> bytes:
     return digest
 
 
-def token_hashes(tokens: Sequence[int], block_size: int) -> list[bytes]:
-    """Prefix-cache keys of every full block of ``tokens``."""
+def salt_seed(salt: str | None) -> bytes:
+    """The key before a prompt's first block: vLLM hashes ``cache_salt`` into the first
+    block's key (``generate_block_hash_extra_keys``), so a salted prompt shares no block with
+    the same tokens under another salt. The KV values themselves do not depend on it."""
+    if not salt:
+        return SEED
+    digest: bytes = xxhash.xxh3_128(b"cache_salt\0" + salt.encode()).digest()
+    return digest
+
+
+def token_hashes(tokens: Sequence[int], block_size: int, salt: str | None = None) -> list[bytes]:
+    """Prefix-cache keys of every full block of ``tokens`` (under ``salt``)."""
     hashes: list[bytes] = []
-    previous = SEED
+    previous = salt_seed(salt)
     for start in range(0, len(tokens) - block_size + 1, block_size):
         previous = chain(previous, tokens[start : start + block_size])
         hashes.append(previous)
@@ -121,11 +131,12 @@ class BlockPool:
             blocks.append(block)
         return blocks
 
-    def cache(self, blocks: Sequence[int], tokens: Sequence[int]) -> None:
-        """Enter the full blocks of ``tokens`` into the prefix cache under their token hashes."""
+    def cache(self, blocks: Sequence[int], tokens: Sequence[int], salt: str | None = None) -> None:
+        """Enter the full blocks of ``tokens`` into the prefix cache under their token hashes
+        (salted by ``salt``)."""
         if not self.prefix_caching:
             return
-        hashes = token_hashes(tokens, self.block_size)
+        hashes = token_hashes(tokens, self.block_size, salt)
         stored: list[int] = []  # indices of blocks new to the cache
         for index, (block, digest) in enumerate(zip(blocks, hashes, strict=False)):
             if digest not in self._cache:
@@ -133,9 +144,11 @@ class BlockPool:
                 self.key[block] = digest
                 stored.append(index)
         if self.events is not None and stored:
-            self._stored(stored, hashes, tokens)
+            self._stored(stored, hashes, tokens, salt)
 
-    def _stored(self, indices: list[int], hashes: list[bytes], tokens: Sequence[int]) -> None:
+    def _stored(
+        self, indices: list[int], hashes: list[bytes], tokens: Sequence[int], salt: str | None
+    ) -> None:
         """One ``BlockStored`` per run of consecutive new blocks, as vLLM sends them."""
         assert self.events is not None
         size = self.block_size
@@ -156,6 +169,10 @@ class BlockPool:
                     lora_id=None,
                     medium="GPU",
                     lora_name=None,
+                    # As vLLM publishes them: the bare salt on the prompt's first block only.
+                    extra_keys=[(salt,) if i == 0 else None for i in run]
+                    if salt and first == 0
+                    else None,
                 )
             )
 

@@ -38,6 +38,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     thinking: bool = False
     kv_params: dict[str, Any] | None = None
+    cache_salt: str | None = None  # salts the prefix-cache keys only (vLLM's ``cache_salt``)
 
 
 @dataclass

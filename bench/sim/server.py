@@ -15,7 +15,7 @@ from aiohttp import web
 
 from bench.sim.config import SimConfig
 from bench.sim.engine import EngineError, GenerationRequest, SimEngine
-from bench.sim.generate_api import generate
+from bench.sim.generate_api import cache_salt, generate
 from bench.sim.http import error, ok, serve
 from bench.sim.responses import streamed_answer, whole_answer
 from router.render.chat_template import ChatTemplate, RenderInputError
@@ -35,6 +35,9 @@ class _Faults(msgspec.Struct):
     # Run the prompt without its last id, whatever was sent: an engine that runs other ids
     # than the router checked (a field that truncates or re-renders, say).
     alter_prompt: bool = False
+    # A request whose body holds this text answers 500: an input that fails the request
+    # inside the engine, and only the requests that carry it.
+    poison: str = ""
 
 
 class SimServer:
@@ -50,6 +53,7 @@ class SimServer:
             self._hang_cleared.set()
         self._rng = random.Random(config.seed)
         self._runner: web.AppRunner | None = None
+        self.cache_salts: set[str] = set()  # every cache_salt a generation carried
         self.last_traceparent: str | None = None  # W3C trace context of the last generation
         self.app = self._build_app()
 
@@ -94,8 +98,11 @@ class SimServer:
     # -- helpers -----------------------------------------------------------------------------
 
     async def body_of(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if self.faults.poison and self.faults.poison.encode() in raw:
+            raise EngineError(500, "Internal server error (poisoned input)", "InternalServerError")
         try:
-            body = _decode.decode(await request.read())
+            body = _decode.decode(raw)
         except msgspec.DecodeError as exc:
             raise EngineError(400, f"invalid JSON body: {exc}") from exc
         if not isinstance(body, dict):
@@ -225,6 +232,9 @@ class SimServer:
             if self.faults.alter_prompt and len(prompt) > 1:
                 prompt = prompt[:-1]
             sampling = self._sampling(body, len(prompt), chat=chat)
+            salt = cache_salt(body)
+            if salt is not None:
+                self.cache_salts.add(salt)
         except EngineError as exc:
             return error(exc.status, str(exc), exc.kind)
         prefix = "chatcmpl" if chat else "cmpl"
@@ -236,6 +246,7 @@ class SimServer:
             prompt=prompt,
             thinking=thinking,
             kv_params=kv,
+            cache_salt=salt,
             **sampling,
         )
         meta = {
@@ -367,6 +378,7 @@ class SimServer:
                 "cached_blocks": engine.pool.cached_blocks,
                 "num_blocks": engine.pool.num_blocks,
                 "last_traceparent": self.last_traceparent,
+                "cache_salts": sorted(self.cache_salts),
             }
         )
 

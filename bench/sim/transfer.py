@@ -51,7 +51,9 @@ class NixlTransfer:
         prompt = seq.request.prompt
         size = self.config.block_size
         # Leave at least one prompt token to compute (vLLM never reports a full-prompt hit).
-        hit_blocks = self.pool.lookup(token_hashes(prompt, size), (len(prompt) - 1) // size)
+        hit_blocks = self.pool.lookup(
+            token_hashes(prompt, size, seq.request.cache_salt), (len(prompt) - 1) // size
+        )
         seq.blocks = hit_blocks
         seq.cached = seq.computed = len(hit_blocks) * size
 
@@ -71,7 +73,9 @@ class NixlTransfer:
         prompt = seq.request.prompt
         size = self.config.block_size
         limit = (len(prompt) - 1) // size * size  # leave a token to compute, as vLLM does
-        contents = (await tier.lookup(prompt, limit))[seq.computed // size :]
+        contents = (await tier.lookup(prompt, limit, seq.request.cache_salt))[
+            seq.computed // size :
+        ]
         if not contents:
             return
         blocks = await self._allocate(len(contents))
@@ -252,7 +256,7 @@ class NixlTransfer:
         tokens = request.prompt + seq.output
         kept_tokens = len(tokens) - 1  # the last sampled token was never run
         self.pool.compute(seq.blocks, tokens, len(request.prompt), kept_tokens)
-        self.pool.cache(seq.blocks, tokens[:kept_tokens])
+        self.pool.cache(seq.blocks, tokens[:kept_tokens], request.cache_salt)
         keep = cdiv(kept_tokens, self.config.block_size)
         held, extra = seq.blocks[:keep], seq.blocks[keep:]
         self.pool.release(extra)

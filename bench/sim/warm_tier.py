@@ -28,10 +28,16 @@ __all__ = ["RemoteWarmTier", "SimWarmTier", "WarmTierClient"]
 
 
 class WarmTierClient(Protocol):
-    async def lookup(self, prompt: Sequence[int], limit_tokens: int) -> list[bytes]: ...
+    async def lookup(
+        self, prompt: Sequence[int], limit_tokens: int, salt: str | None = None
+    ) -> list[bytes]: ...
 
     async def save(
-        self, prompt: Sequence[int], contents: Sequence[bytes], block_size: int
+        self,
+        prompt: Sequence[int],
+        contents: Sequence[bytes],
+        block_size: int,
+        salt: str | None = None,
     ) -> None: ...
 
 
@@ -82,33 +88,42 @@ class SimWarmTier:
 
     async def _lookup(self, request: web.Request) -> web.Response:
         body = await request.json()
-        found = await self.lookup(body["tokens"], int(body["limit"]))
+        found = await self.lookup(body["tokens"], int(body["limit"]), body.get("salt"))
         return web.json_response({"contents": [c.hex() for c in found]})
 
     async def _save(self, request: web.Request) -> web.Response:
         body = await request.json()
         contents = [bytes.fromhex(c) for c in body["contents"]]
-        await self.save(body["tokens"], contents, int(body["block_size"]))
+        await self.save(body["tokens"], contents, int(body["block_size"]), body.get("salt"))
         return web.Response(status=204)
 
-    async def save(self, prompt: Sequence[int], contents: Sequence[bytes], block_size: int) -> None:
-        """The whole chunks of ``prompt`` whose blocks' contents are ``contents``."""
+    async def save(
+        self,
+        prompt: Sequence[int],
+        contents: Sequence[bytes],
+        block_size: int,
+        salt: str | None = None,
+    ) -> None:
+        """The whole chunks of ``prompt`` whose blocks' contents are ``contents``, keyed under
+        the request's ``salt`` (vLLM 0.33's LMCache connector passes ``cache_salt``)."""
         if not self.up:
             return
         per_chunk = self.chunk_tokens // block_size
-        for index, key in enumerate(token_hashes(prompt, self.chunk_tokens)):
+        for index, key in enumerate(token_hashes(prompt, self.chunk_tokens, salt)):
             blocks = contents[index * per_chunk : (index + 1) * per_chunk]
             if key not in self.chunks and len(blocks) == per_chunk:
                 self.chunks[key] = list(blocks)
                 self.stored_tokens += self.chunk_tokens
 
-    async def lookup(self, prompt: Sequence[int], limit_tokens: int) -> list[bytes]:
+    async def lookup(
+        self, prompt: Sequence[int], limit_tokens: int, salt: str | None = None
+    ) -> list[bytes]:
         """The contents of the prompt's leading blocks held here, in whole chunks of at most
         ``limit_tokens`` tokens in all (empty while down)."""
         if not self.up:
             return []
         found: list[bytes] = []
-        for key in token_hashes(prompt[:limit_tokens], self.chunk_tokens):
+        for key in token_hashes(prompt[:limit_tokens], self.chunk_tokens, salt):
             chunk = self.chunks.get(key)
             if chunk is None:
                 break
@@ -129,8 +144,10 @@ class RemoteWarmTier:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         return self._session
 
-    async def lookup(self, prompt: Sequence[int], limit_tokens: int) -> list[bytes]:
-        body = {"tokens": list(prompt), "limit": limit_tokens}
+    async def lookup(
+        self, prompt: Sequence[int], limit_tokens: int, salt: str | None = None
+    ) -> list[bytes]:
+        body = {"tokens": list(prompt), "limit": limit_tokens, "salt": salt}
         try:
             async with self._client().post(f"{self.url}/lookup", json=body) as response:
                 if response.status != 200:
@@ -140,11 +157,18 @@ class RemoteWarmTier:
             return []
         return [bytes.fromhex(c) for c in found["contents"]]
 
-    async def save(self, prompt: Sequence[int], contents: Sequence[bytes], block_size: int) -> None:
+    async def save(
+        self,
+        prompt: Sequence[int],
+        contents: Sequence[bytes],
+        block_size: int,
+        salt: str | None = None,
+    ) -> None:
         body = {
             "tokens": list(prompt),
             "contents": [c.hex() for c in contents],
             "block_size": block_size,
+            "salt": salt,
         }
         try:
             async with self._client().post(f"{self.url}/save", json=body):

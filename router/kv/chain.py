@@ -13,10 +13,18 @@ from collections.abc import Sequence
 
 import xxhash
 
-__all__ = ["ROOT", "chain_hashes", "extend"]
+__all__ = ["ROOT", "chain_hashes", "extend", "salt_root"]
 
 #: The parent of a sequence's first block.
 ROOT = 0
+
+
+def salt_root(salt: str | None) -> int:
+    """The parent of a salted sequence's first block: vLLM puts ``cache_salt`` in the first
+    block's hash, so blocks of one salt never match a prompt of another (or of none)."""
+    if not salt:
+        return ROOT
+    return xxhash.xxh3_64_intdigest(b"cache_salt\0" + salt.encode())
 
 
 def extend(parent: int, tokens: Sequence[int]) -> int:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 
-from router.kv.chain import ROOT, chain_hashes, extend
+from router.kv.chain import ROOT, chain_hashes, extend, salt_root
 from router.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KVEvent
 
 __all__ = ["Cached", "InstanceBlocks", "KvIndex", "Prompt", "Skipped", "Tier"]
@@ -39,7 +39,8 @@ class Tier(IntFlag):
 class Skipped(StrEnum):
     """Why stored blocks were not indexed (a metric label)."""
 
-    #: LoRA, multimodal or cache-salt keys: not interchangeable with plain token blocks.
+    #: LoRA or multimodal keys: not interchangeable with plain token blocks. (A cache salt
+    #: on a prompt's first block is indexed: it roots the chain, router/kv/chain.py.)
     EXTRA_KEYS = "extra_keys"
     #: A second KV cache group (hybrid models): group 0 decides the prefix.
     OTHER_GROUP = "other_group"
@@ -58,6 +59,22 @@ class Cached:
 
     tokens: int = 0
     device_tokens: int = 0
+
+
+def _root_of(event: BlockStored) -> int | None:
+    """Where the chain of a stored run starts: its salt's root when the run begins a prompt
+    whose first block carries only a cache salt (vLLM publishes the bare salt there,
+    ``to_event_extra_keys``); ``None`` for any other extra key (LoRA, multimodal)."""
+    if event.lora_name is not None:
+        return None
+    keys = event.extra_keys
+    if keys is None or not any(keys):
+        return ROOT
+    first, rest = keys[0], keys[1:]
+    if any(rest) or event.parent_block_hash is not None or not first or len(first) != 1:
+        return None
+    salt = first[0]
+    return salt_root(salt) if isinstance(salt, str) and salt else None
 
 
 @dataclass
@@ -95,9 +112,8 @@ class InstanceBlocks:
         count = len(event.block_hashes)
         if event.group_idx not in (None, 0):
             return self._skip(Skipped.OTHER_GROUP, count)
-        if event.lora_name is not None or (
-            event.extra_keys is not None and any(k for k in event.extra_keys)
-        ):
+        root = _root_of(event)
+        if root is None:
             return self._skip(Skipped.EXTRA_KEYS, count)
         size = event.block_size
         if size <= 0 or len(event.token_ids) != count * size:
@@ -110,7 +126,7 @@ class InstanceBlocks:
             self.clear()
             self.block_size = size
         if event.parent_block_hash is None:
-            parent = ROOT
+            parent = root
         else:
             found = self._parent(event.parent_block_hash, tier)
             if found is None:
@@ -176,18 +192,20 @@ class InstanceBlocks:
 
 
 class Prompt:
-    """A prompt's chain keys, computed once per block size for every instance asked."""
+    """A prompt's chain keys (under its cache salt), computed once per block size for every
+    instance asked."""
 
-    __slots__ = ("_chains", "ids")
+    __slots__ = ("_chains", "ids", "root")
 
-    def __init__(self, ids: Sequence[int]) -> None:
+    def __init__(self, ids: Sequence[int], salt: str | None = None) -> None:
         self.ids = ids
+        self.root = salt_root(salt)
         self._chains: dict[int, list[int]] = {}
 
     def keys(self, block_size: int) -> list[int]:
         keys = self._chains.get(block_size)
         if keys is None:
-            keys = self._chains[block_size] = chain_hashes(self.ids, block_size)
+            keys = self._chains[block_size] = chain_hashes(self.ids, block_size, self.root)
         return keys
 
 

@@ -107,7 +107,7 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
         path, body = engine_api(req.model).decode(req, prepared, p_params)
         url = f"{decode.url}{path}"
         held = contextlib.AsyncExitStack()
-        lease = held.enter_context(svc.pool.lease(decode))
+        lease = held.enter_context(svc.pool.lease(decode, req.tenant))
         try:
             if req.stream:
                 response = await held.enter_async_context(
@@ -174,7 +174,7 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
     data = await engine_api(req.model).answer(svc, req, prepared, started.answer, output)
     elapsed = time.monotonic() - req.started
     svc.metrics.e2e.labels("false").observe(elapsed)
-    svc.metrics.answered.labels(req.model_name, req.turn_label, "false").observe(elapsed)
+    svc.metrics.answered.labels(req.model_label, req.turn_label, "false").observe(elapsed)
     return data
 
 
@@ -198,7 +198,7 @@ async def stream(
                     # Before the frame leaves: a scrape that counts the turn (the runner does
                     # once it has this frame) holds its time to first token too.
                     first = False
-                    svc.metrics.ttft.labels(req.model_name, req.turn_label).observe(
+                    svc.metrics.ttft.labels(req.model_label, req.turn_label).observe(
                         time.monotonic() - req.started
                     )
                 yield frame
@@ -206,7 +206,7 @@ async def stream(
         except UpstreamError as exc:
             # Mid-stream: the client gets an error event (and [DONE]), never a cut stream.
             started.lease.failed(exc)
-            svc.metrics.stream_errors.labels(req.model_name, exc.error_type).inc()
+            svc.metrics.stream_errors.labels(req.model_label, exc.error_type).inc()
             log.warning("decode stream failed mid-way: %s", exc.message)
             _release_broken(svc, req, output)
             yield sse_error(exc)
@@ -218,7 +218,7 @@ async def stream(
         await svc.to_the_end(_finish_stream(svc, req, prepared, output, started))
         elapsed = time.monotonic() - req.started
         svc.metrics.e2e.labels("true").observe(elapsed)
-        svc.metrics.answered.labels(req.model_name, req.turn_label, "true").observe(elapsed)
+        svc.metrics.answered.labels(req.model_label, req.turn_label, "true").observe(elapsed)
 
 
 async def _finish_stream(

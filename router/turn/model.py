@@ -67,7 +67,7 @@ def path_of(plan_: Plan) -> TurnPath:
 @dataclass
 class TurnRequest:
     model: ModelConfig
-    model_name: str
+    model_name: str  # what the engines are asked for
     key: ConversationKey | None
     body: dict[str, Any]  # the client's body, conversation id removed
     chat: bool
@@ -75,9 +75,23 @@ class TurnRequest:
     client_wants_ids: bool
     request_id: str
     turn: int | None  # chat: the number of user messages; completions: from the record
+    tenant: str = "default"
+    model_name_known: bool = True  # False: the engines' served name is not known yet
     started: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)  # wall clock: fences DELETE races
     trace: TurnTrace = NO_TRACE
+
+    @property
+    def model_label(self) -> str:
+        """The model as metrics name it: the served name once known, never a client's guess
+        (a label per name a client sends would grow without bound)."""
+        return self.model_name if self.model_name_known else ""
+
+    @property
+    def cache_salt(self) -> str | None:
+        """The salt every engine request of the turn carries (router/tenants/salt.py)."""
+        salt: str | None = self.body.get("cache_salt")
+        return salt
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -120,6 +134,7 @@ class Prepared:
     storable: bool = True
     sent: bool = False  # the claimed handle (or its release) went to P
     kv_prompt: Prompt | None = None  # the ids' chain keys for the KV index, made on first use
+    cache_salt: str | None = None  # the turn's salt: the index's chains start from it
     kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
     warm_cached: dict[str, int] = field(default_factory=dict)  # tokens held, by warm tier
     tokens: TokensPrompt | None = None  # tokens-only models only

@@ -21,7 +21,7 @@ def _prompt(svc: TurnServices, prepared: Prepared) -> Prompt | None:
     if svc.kv is None or not svc.kv.enabled or prepared.ids is None:
         return None
     if prepared.kv_prompt is None:
-        prepared.kv_prompt = Prompt(prepared.ids)
+        prepared.kv_prompt = Prompt(prepared.ids, prepared.cache_salt)
     return prepared.kv_prompt
 
 

@@ -48,7 +48,7 @@ async def run_prefill(
                 prepared.send_handle()  # from here a client that leaves must not release it
             else:
                 note_warm(svc, prepared, instance)
-            with svc.pool.lease(instance) as lease:
+            with svc.pool.lease(instance, req.tenant) as lease:
                 try:
                     answer = await svc.upstream.post_json(
                         f"{instance.url}{path}",
@@ -103,7 +103,7 @@ async def run_prefill(
                     continue
                 lease.succeeded()
                 prepared.prefill_ids = _ran(answer)
-                svc.metrics.prefilled.labels(req.model_name, req.turn_label).observe(
+                svc.metrics.prefilled.labels(req.model_label, req.turn_label).observe(
                     time.monotonic() - req.started
                 )
                 if claimed is None:

@@ -87,6 +87,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         tokens=tokens,
         planned_reuse=decided.reused_tokens,
         claimed=claimed,
+        cache_salt=req.cache_salt,
     )
 
 
@@ -182,6 +183,8 @@ async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
         generate = mend_rendered(
             await svc.render_server(req.model).render(request, chat=req.chat), req.body
         )
+    if req.cache_salt is not None:
+        generate["cache_salt"] = req.cache_salt  # whatever the render server copied
     if (generate.get("sampling_params") or {}).get("stop"):
         # A --tokens-only engine does not detokenize and refuses stop strings (vLLM 0.32
         # token_in_token_out/serving.py): say so before any engine sees the request.

@@ -120,10 +120,10 @@ def _count(svc: TurnServices, req: TurnRequest, outcome: TurnOutcome) -> None:
     """The turn in the metrics, once, when its path is final: the one the client is told
     (``X-Carryover-Path``). Until D answers, a plan can still change (P refuses the handle:
     cold-error; the warm tier or D's own cache serves it: warm, decode-local)."""
-    svc.metrics.turns.labels(req.model_name, outcome.path).inc()
+    svc.metrics.turns.labels(req.model_label, outcome.path).inc()
     if outcome.prompt_tokens is not None:
         reused = outcome.reused_tokens
-        svc.metrics.prompt_tokens.labels(req.model_name, "reused").inc(reused)
-        svc.metrics.prompt_tokens.labels(req.model_name, "computed").inc(
+        svc.metrics.prompt_tokens.labels(req.model_label, "reused").inc(reused)
+        svc.metrics.prompt_tokens.labels(req.model_label, "computed").inc(
             outcome.prompt_tokens - reused
         )

@@ -62,6 +62,29 @@ async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
             400,
             None,
         ),  # the engine's 400
+        *(
+            (
+                {
+                    "messages": [{"role": "user", "content": "x"}],
+                    "chat_template_kwargs": {name: value},
+                },
+                400,
+                "chat_template_kwargs",
+            )
+            for name, value in (
+                ("messages", [{"role": "user", "content": "y"}]),
+                ("tools", []),
+                ("add_generation_prompt", False),
+            )
+        ),
+        *(
+            (
+                {"messages": [{"role": "user", "content": "x"}], "cache_salt": salt},
+                400,
+                "cache_salt",
+            )
+            for salt in ("", 7, "a/b", "x" * 129)
+        ),
     ],
 )
 async def test_bad_bodies_get_openai_errors(

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -33,6 +34,42 @@ def test_breaker_opens_half_opens_for_one_trial_and_closes() -> None:
     assert breaker.state == "closed" and breaker.allows(11.4) and breaker.failures == 0
 
 
+def test_error_answers_of_one_tenant_never_open_the_circuit_for_the_others() -> None:
+    """With two tenants, answers only one tenant's requests get (what it sends may cause
+    them) fail those requests alone; a second tenant's, or any engine-wide failure, is the
+    engine's."""
+    breaker = Breaker(threshold=3, reset=5.0, tenants_to_blame=2)
+    for _ in range(10):
+        breaker.failure(now=0.0, tenant="alpha")
+    assert breaker.state == "closed" and breaker.allows(0.0)
+    breaker.failure(now=0.0, tenant="beta")
+    assert breaker.state == "open"
+    breaker.success()
+    for _ in range(2):
+        breaker.failure(now=1.0, tenant="alpha")
+    breaker.failure(now=1.0)  # no connection, a timeout: the engine's, whoever asked
+    assert breaker.state == "open"
+
+
+def test_a_pool_blames_error_answers_on_tenants_and_transport_failures_on_the_engine(
+    tmp_path: Path,
+) -> None:
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"sk-a-0123456789": "alpha", "sk-b-0123456789": "beta"}')
+    config = load_config(
+        ["--prefill", "http://p:1", "--decode", "http://d:1"],
+        environ={"CARRYOVER_API_KEYS_FILE": str(keys)},
+    )
+    pool = InstancePool(config, cast(Upstream, None), MemoryStore(), RouterMetrics())
+    decode = next(i for i in pool.instances if i.role == "decode")
+    for _ in range(5):
+        pool.failed(decode, EngineFailed("bad input", status=500), "alpha")
+    assert decode.breaker.state == "closed"
+    for _ in range(3):
+        pool.failed(decode, EngineFailed("broke off"), "alpha")  # no status: engine-wide
+    assert decode.breaker.state == "open"
+
+
 class _Verdictless(Exception):
     pass
 
@@ -53,7 +90,7 @@ def pool_with_open_decode() -> tuple[InstancePool, Instance]:
 def test_a_trial_without_a_verdict_is_given_up_not_kept(ending: str) -> None:
     pool, decode = pool_with_open_decode()
     assert decode.available(time.monotonic())
-    with contextlib.suppress(_Verdictless, asyncio.CancelledError), pool.lease(decode):
+    with contextlib.suppress(_Verdictless, asyncio.CancelledError), pool.lease(decode, "default"):
         assert decode.in_flight == 1 and decode.breaker.state == "half_open"
         assert not decode.available(time.monotonic())  # one trial at a time
         if ending == "cancelled":
@@ -65,11 +102,11 @@ def test_a_trial_without_a_verdict_is_given_up_not_kept(ending: str) -> None:
 
 def test_a_trial_with_a_verdict_closes_or_reopens_the_circuit() -> None:
     pool, decode = pool_with_open_decode()
-    with pool.lease(decode) as lease:
+    with pool.lease(decode, "default") as lease:
         lease.failed(EngineFailed("still broken"))
     assert decode.breaker.state == "open" and decode.in_flight == 0
     decode.breaker.opened_at = -3600.0
-    with pool.lease(decode) as lease:
+    with pool.lease(decode, "default") as lease:
         lease.succeeded()
     assert decode.breaker.state == "closed" and decode.in_flight == 0
 
@@ -87,9 +124,9 @@ def test_a_scrape_reads_the_breaker_and_in_flight_counts_as_they_are() -> None:
 
     assert scraped("carryover_breaker_open") == 0
     for _ in range(config.breaker_failures):
-        pool.failed(decode, EngineFailed("refused"))
+        pool.failed(decode, EngineFailed("refused"), "default")
     assert scraped("carryover_breaker_open") == 1
-    with pool.lease(decode) as lease:  # the trial
+    with pool.lease(decode, "default") as lease:  # the trial
         assert scraped("carryover_instance_in_flight") == 1
         lease.succeeded()
     assert scraped("carryover_instance_in_flight") == 0

@@ -41,8 +41,15 @@ def test_compose_file_follows_the_compose_spec(compose: dict[str, Any]) -> None:
 
 
 def _env(service: dict[str, Any]) -> dict[str, str]:
-    env = service.get("environment") or {}
-    return {k: str(v) for k, v in env.items()}
+    """The service's environment, with its secrets' paths (``/run/secrets/NAME``) pointing at
+    the files Compose mounts there."""
+    env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for name, value in env.items():
+        if value.startswith("/run/secrets/"):
+            source = compose["secrets"][value.removeprefix("/run/secrets/")]["file"]
+            env[name] = str(COMPOSE.parent / source.split(":-", 1)[1].rstrip("}"))
+    return env
 
 
 def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
@@ -54,6 +61,7 @@ def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
         if command[0] == "serve":
             config = load_config(command[1:], environ=_env(service))
             assert config.models[0].decode and config.redis
+            assert config.api_keys and config.admin_key, name  # served beyond loopback
             if "prefill" in name or "decode" in name:
                 raise AssertionError(f"{name} runs the router")
         elif command[0] == "sim":
@@ -97,7 +105,7 @@ def test_the_tokens_only_profile_runs_the_four_stages(compose: dict[str, Any]) -
     render = services["render-tokens"]
     assert render["entrypoint"] == ["vllm", "launch", "render"]
     router = services["router-tokens"]
-    model = load_config(router["command"][1:], environ={}).models[0]
+    model = load_config(router["command"][1:], environ=_env(router)).models[0]
     assert model.tokens_only and model.render.url == "http://render-tokens:8000"
     assert [i.url for i in model.prefill] == ["http://prefill-tokens:8000"]
     # The router is told the parsers the render server runs (it checks them at startup).
@@ -130,7 +138,8 @@ def test_the_warm_tier_profile_composes_nixl_first_with_lmcache_on_both_engines(
         assert str(extra["lmcache.mp.port"]) == flags["port"]
         assert service["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == name
         assert service["profiles"] == ["warm-tier"] and "lmcache" in service["depends_on"]
-    model = load_config(services["router-warm"]["command"][1:], environ={}).models[0]
+    router = services["router-warm"]
+    model = load_config(router["command"][1:], environ=_env(router)).models[0]
     assert model.warm_tier is not None
     assert model.warm_tier.health == f"http://lmcache:{flags['http-port']}/healthcheck"
     assert model.warm_tier.chunk_tokens == int(flags["chunk-size"])
@@ -157,7 +166,7 @@ def test_the_sentinel_profile_watches_a_primary_and_replica_with_three_sentinels
     script = services["sentinel-1"]["command"][0]
     assert "'sentinel monitor carryover redis-primary 6379 2'" in script  # quorum of 2 of 3
     router = services["router-sentinel"]
-    config = load_config(router["command"][1:], environ={})
+    config = load_config(router["command"][1:], environ=_env(router))
     assert config.redis is not None
     target = parse_redis_url(config.redis)
     assert target.topology is Topology.SENTINEL and target.master_name == "carryover"

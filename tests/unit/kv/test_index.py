@@ -84,7 +84,7 @@ def test_offloaded_blocks_count_but_not_as_device_blocks() -> None:
 
 def test_blocks_that_are_not_plain_token_blocks_are_skipped() -> None:
     blocks = InstanceBlocks()
-    blocks.apply(stored(PROMPT, 0, 1, extra_keys=[("salt",)]))
+    blocks.apply(stored(PROMPT, 0, 1, extra_keys=[("image-1", 0)]))
     blocks.apply(stored(PROMPT, 0, 1, group_idx=1))
     assert blocks.cached(Prompt(PROMPT).keys(SIZE)).tokens == 0
     # A chain whose parent was never seen cannot be keyed.
@@ -95,6 +95,20 @@ def test_blocks_that_are_not_plain_token_blocks_are_skipped() -> None:
         Skipped.UNKNOWN_PARENT: 1,
     }
     assert len(blocks) == 0
+
+
+def test_salted_blocks_match_only_prompts_of_their_salt() -> None:
+    """vLLM publishes a cache salt as the bare salt in the first block's extra keys; the
+    blocks after it carry none and chain from it."""
+    blocks = InstanceBlocks()
+    blocks.apply(stored(PROMPT, 0, 2, extra_keys=[("tenant-a",), None]))
+    blocks.apply(stored(PROMPT, 2, 1))
+    assert blocks.cached(Prompt(PROMPT, "tenant-a").keys(SIZE)).tokens == 3 * SIZE
+    assert blocks.cached(Prompt(PROMPT, "tenant-b").keys(SIZE)).tokens == 0
+    assert blocks.cached(Prompt(PROMPT).keys(SIZE)).tokens == 0
+    # A salt anywhere but on a prompt's first block is not vLLM's shape: skipped.
+    blocks.apply(stored(PROMPT, 3, 1, extra_keys=[("tenant-a",)]))
+    assert blocks.skipped == {Skipped.EXTRA_KEYS: 1}
 
 
 def test_a_new_block_size_drops_what_was_known_and_overflow_clears() -> None:
