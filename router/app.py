@@ -42,6 +42,7 @@ from router.readiness import watch_models
 from router.render.choose import Renderers
 from router.services import Services, json_response
 from router.store import check_store, open_store
+from router.tenants.limits import TenantGate
 from router.tenants.salt import salts_of
 from router.tokens.check import TokensCheck, keep_checking
 from router.tracing import Tracing
@@ -133,6 +134,7 @@ def create_app(
             clock=clock,
             kv=kv,
             salts=salts_of(config),
+            gate=TenantGate(config),
             tokens_checks=tokens_checks,
         )
         app.state.services = services

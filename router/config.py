@@ -19,6 +19,7 @@ __all__ = [
     "RedisOptions",
     "RenderConfig",
     "RouterConfig",
+    "TenantLimits",
     "Timeouts",
     "TokensConfig",
     "WarmTierConfig",
@@ -301,6 +302,28 @@ class RedisOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("redis_options.wait_replicas must be ≥ 1 and wait_timeout > 0")
 
 
+class TenantLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one tenant may use (router/tenants/limits.py).
+
+    Attributes:
+        concurrent_turns: turns it runs at once in one router process (``None``: no limit);
+            one more gets 429.
+        priority_min, priority_max: the range its requests' ``priority`` is held to (vLLM
+            runs lower values sooner under ``--scheduling-policy priority``); 0 and 0 by
+            default, so no client can jump the queue.
+    """
+
+    concurrent_turns: int | None = None
+    priority_min: int = 0
+    priority_max: int = 0
+
+    def __post_init__(self) -> None:
+        if self.concurrent_turns is not None and self.concurrent_turns < 1:
+            raise ConfigError("tenant limits: concurrent_turns must be 1 or more")
+        if self.priority_min > self.priority_max:
+            raise ConfigError("tenant limits: priority_min must not exceed priority_max")
+
+
 class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Everything ``carryover serve`` needs.
 
@@ -319,6 +342,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             JSON object in a file, a mounted secret say (read by ``router.cli``).
         admin_key: bearer key for ``/admin/*`` (admin endpoints are off without one);
             ``admin_key_file`` (or ``CARRYOVER_ADMIN_KEY_FILE``) reads it from a file.
+        tenant_limits: limits by tenant name; ``default_tenant_limits`` for the others.
         allow_unauthenticated: serve a ``host`` other than loopback without ``api_keys``;
             refused otherwise, since everyone would be tenant ``default``.
         shared_cache: tenants share the engines' prefix caches, the warm tier and the KV
@@ -364,6 +388,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_messages: int = 4096
     api_keys: dict[str, str] = {}
     admin_key: str | None = None
+    tenant_limits: dict[str, TenantLimits] = {}
+    default_tenant_limits: TenantLimits = TenantLimits()
     allow_unauthenticated: bool = False
     shared_cache: bool = False
     cache_salt_key_file: str | None = None

@@ -8,7 +8,8 @@
     │   ├── Unauthorized          401
     │   ├── Forbidden             403
     │   ├── NotFound              404  (ModelNotFound: an unknown model)
-    │   └── BodyTooLarge          413
+    │   ├── BodyTooLarge          413
+    │   └── TooManyRequests       429  a tenant over its limit
     └── UpstreamError (5xx)
         ├── EngineUnavailable     503  no healthy instance for a leg
         ├── EngineFailed          502  an instance answered with an error or broke off
@@ -38,6 +39,7 @@ __all__ = [
     "KvParamsRefused",
     "ModelNotFound",
     "NotFound",
+    "TooManyRequests",
     "Unauthorized",
     "UpstreamError",
     "error_body",
@@ -100,6 +102,11 @@ class Unauthorized(ClientError):
 class Forbidden(ClientError):
     status_code = 403
     error_type = "PermissionDeniedError"
+
+
+class TooManyRequests(ClientError):
+    status_code = 429
+    error_type = "RateLimitError"
 
 
 class NotFound(ClientError):

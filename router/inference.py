@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import random
@@ -17,7 +16,13 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from router.answers import Answer, DisconnectWatch, EventStream
-from router.errors import CarryoverError, ClientGone, EngineUnavailable, http_error_type
+from router.errors import (
+    CarryoverError,
+    ClientGone,
+    EngineUnavailable,
+    TooManyRequests,
+    http_error_type,
+)
 from router.openai import ChatView, parse_body
 from router.services import (
     Services,
@@ -48,10 +53,6 @@ def _forwardable(request_id: str) -> bool:
     """A client's ``X-Request-Id`` goes to the engines only as visible ASCII, at most 128
     characters: any other byte can make an engine fail the request (and count against it)."""
     return len(request_id) <= 128 and request_id.isascii() and request_id.isprintable()
-
-
-def _conversation_hash(conversation_id: str) -> str:
-    return hashlib.sha256(conversation_id.encode()).hexdigest()[:12]
 
 
 def _conversation_id(
@@ -129,6 +130,7 @@ async def _generate(
     raw = await _body(receive, headers, services.config.max_body_bytes)
     body, view = parse_body(raw, chat=chat, max_messages=services.config.max_messages)
     conversation_id = _conversation_id(services, headers, body)
+    services.gate.clamp_priority(tenant, body)
     salt = services.salts.of(tenant, check_client_salt(body.get("cache_salt")))
     if salt is None:
         body.pop("cache_salt", None)
@@ -146,7 +148,7 @@ async def _generate(
     request_id = headers.get("x-request-id") or _new_request_id()
     if not _forwardable(request_id):
         request_id = _new_request_id()
-    conversation_hash = _conversation_hash(conversation_id) if conversation_id else None
+    conversation_hash = services.salts.log_id(tenant, conversation_id) if conversation_id else None
     trace = services.tracing.turn(
         headers,
         request_id=request_id,
@@ -170,6 +172,11 @@ async def _generate(
         trace=trace,
         started_at=services.clock(),
     )
+    try:
+        services.gate.enter(tenant)
+    except TooManyRequests:
+        services.metrics.tenant_limited.labels(tenant).inc()
+        raise
     services.in_flight += 1
     started = time.perf_counter()
     outcome = None
@@ -206,6 +213,7 @@ async def _generate(
             )
         if outcome is None or outcome.chunks is None:
             services.in_flight -= 1
+            services.gate.leave(tenant)
             trace.end(error)
     assert outcome is not None  # the watch raises ClientGone, it never swallows here
     headers = {_PATH_HEADER: str(outcome.path)} if services.config.expose_path_header else {}
@@ -217,6 +225,7 @@ async def _generate(
             if not done:
                 done = True
                 services.in_flight -= 1
+                services.gate.leave(tenant)
                 trace.end()
 
         return EventStream(outcome.chunks, headers, finish, watch)

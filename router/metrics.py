@@ -255,6 +255,13 @@ class RouterMetrics:
             ["server"],
             registry=r,
         )
+        self.tenant_limited = Counter(
+            "carryover_tenant_limited",
+            "Requests refused with 429 because their tenant ran its concurrent_turns limit "
+            "in this router process.",
+            ["tenant"],
+            registry=r,
+        )
         self.unchecked = Counter(
             "carryover_turns_unchecked",
             "Turns whose prompt ids the router could not check, by the field (or condition) "

@@ -15,6 +15,7 @@ from router.errors import BadConversationId, ModelNotFound
 from router.kv.service import KvEvents
 from router.metrics import RouterMetrics
 from router.pool import InstancePool
+from router.tenants.limits import TenantGate
 from router.tenants.salt import CacheSalts
 from router.tokens.check import TokensCheck
 from router.tracing import Tracing
@@ -38,6 +39,7 @@ class Services:
     tracing: Tracing
     kv: KvEvents
     salts: CacheSalts
+    gate: TenantGate
     clock: Callable[[], float] = time.time
     tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)  # by id() of the model
     in_flight: int = 0
@@ -85,6 +87,11 @@ def resolve_model(services: Services, name: str | None) -> Resolved:
 
 
 def conversation_key(tenant: str, resolved: Resolved, conversation_id: str) -> ConversationKey:
+    if conversation_id.startswith("/") or conversation_id.endswith("/") or "//" in conversation_id:
+        # DELETE /v1/conversations/{id} could never name it: URL paths are normalized.
+        raise BadConversationId(
+            "a conversation id may hold '/' only between other characters, never two in a row"
+        )
     try:
         # A model whose name is not known yet (discovery pending) gets one namespace, whatever
         # name the client sent.

@@ -56,6 +56,12 @@ class CacheSalts:
         self._key = key
         self.shared = shared
 
+    def log_id(self, tenant: str, conversation_id: str) -> str:
+        """How logs and spans name a conversation: keyed, so a log reader cannot test a
+        guessed id against it, and stable across replicas sharing the key."""
+        message = _encode(("conversation", tenant, conversation_id))
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:16]
+
     def of(self, tenant: str, client_salt: str | None) -> str | None:
         if self.shared:
             return client_salt

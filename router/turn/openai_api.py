@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from router.fields import CHAT_FIELDS, COMPLETION_FIELDS
 from router.pool import Instance
 from router.relay import DecodeOutput
 from router.turn.model import Leg, Prepared, Started, TurnRequest
@@ -41,7 +42,12 @@ def _with_ids(
 
 
 def prefill_body(req: TurnRequest, ids: list[int] | None, kv: dict[str, Any]) -> dict[str, Any]:
-    body = {k: v for k, v in req.body.items() if k not in _PREFILL_DROP}
+    # An allow-list: P gets only the fields router/fields.py knows. A field vLLM adds later
+    # could make P render the prompt itself and cache D's pulled blocks under other ids,
+    # which other prompts would then hit; D, which never caches pulled blocks for others,
+    # keeps what the client sent (docs/request-fields.md).
+    known = CHAT_FIELDS if req.chat else COMPLETION_FIELDS
+    body = {k: v for k, v in req.body.items() if k in known and k not in _PREFILL_DROP}
     body["model"] = req.model_name
     body["max_tokens"] = 1
     body["stream"] = False

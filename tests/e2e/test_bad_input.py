@@ -49,6 +49,14 @@ async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
             400,
             "conversation_id",
         ),
+        *(
+            (
+                {"messages": [{"role": "user", "content": "x"}], "conversation_id": bad},
+                400,
+                "conversation_id",
+            )
+            for bad in ("a//b", "/a", "a/")
+        ),
         ({"messages": [{"role": "user", "content": "x"}], "model": "nope"}, 404, "model"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),

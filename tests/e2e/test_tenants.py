@@ -111,3 +111,28 @@ async def test_drain_takes_an_instance_out_of_rotation(tmp_path: Path) -> None:
         assert 'vllm:request_success_total{engine="0",finished_reason="stop"' not in served
         unknown = await s.client.post(f"{s.router.url}/admin/instances/nope/drain", headers=admin)
         assert unknown.status_code == 404
+
+
+async def test_a_conversation_id_with_slashes_can_be_inspected_and_ended(tmp_path: Path) -> None:
+    flags = ("--config", str(config_file(tmp_path)))
+    async with stack(tmp_path, router_flags=flags) as s:
+        alpha = {"Authorization": "Bearer sk-alpha-0123456789"}
+        admin = {"Authorization": "Bearer sk-admin-secret"}
+        body = {
+            "model": "sim-qwen3",
+            "max_tokens": 8,
+            "conversation_id": "team/42/x",
+            "messages": [{"role": "user", "content": TEXT}],
+        }
+        first = await s.client.post(s.router.url + "/v1/chat/completions", json=body, headers=alpha)
+        assert first.status_code == 200
+        url = "/admin/conversations/team/42/x?tenant=alpha"
+        seen = await s.client.get(s.router.url + url, headers=admin)
+        assert seen.status_code == 200 and seen.json()["id"] == "team/42/x"
+        gone = await s.client.delete(s.router.url + "/v1/conversations/team/42/x", headers=alpha)
+        assert gone.status_code == 200 and gone.json() == {
+            "id": "team/42/x",
+            "deleted": True,
+            "released": True,
+        }
+        assert (await s.client.get(s.router.url + url, headers=admin)).status_code == 404

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.ports import free_port
+from tests.support.secrets import assert_absent, group_environ
 
 
 class RouterProcess:
@@ -68,14 +69,19 @@ class RouterProcess:
         raise RuntimeError(f"router did not start: {log}")
 
     def stop(self) -> None:
-        """Graceful stop (SIGINT, as an operator would), then nothing of the group left."""
+        """Graceful stop (SIGINT, as an operator would), then nothing of the group left; no
+        registered secret was in any of its processes' environments or in its log."""
         if self.process is not None and self.process.poll() is None:
+            for pid, environ in group_environ(self.process.pid).items():
+                assert_absent(environ, f"the environment of router process {pid}")
             self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
+        if self.log_path.exists():
+            assert_absent(self.log_path.read_text(errors="replace"), f"{self.log_path}")
 
     def kill(self) -> None:
         """SIGKILL to the router and its workers."""

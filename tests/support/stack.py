@@ -18,6 +18,7 @@ from bench.sim.warm_tier import SimWarmTier
 from tests.support.metrics import ascrape, assert_ledger_balanced, parse
 from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess
+from tests.support.secrets import scan_error_body
 from tests.support.sims import MODEL, qwen3, running, sim_config
 
 
@@ -110,7 +111,9 @@ async def stack(
         for proc in procs:
             exits.callback(proc.stop)
             await proc.start()
-        client = await exits.enter_async_context(httpx.AsyncClient(timeout=30))
+        client = await exits.enter_async_context(
+            httpx.AsyncClient(timeout=30, event_hooks={"response": [scan_error_body]})
+        )
         built = Stack(p_list, d_list, reference, procs, client, log_dir, render)
         yield built
         # The router's books: every handle it held reached one final state.
@@ -159,6 +162,7 @@ async def chat_turn(
     conversation_id: str | None = None,
     header_id: str | None = None,
     max_tokens: int = 40,
+    api_key: str | None = None,
     **extra: Any,
 ) -> TurnResult:
     body: dict[str, Any] = {
@@ -171,6 +175,8 @@ async def chat_turn(
     if conversation_id is not None:
         body["conversation_id"] = conversation_id
     headers = {"X-Conversation-ID": header_id} if header_id else {}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
     return await _send(client, f"{url}/v1/chat/completions", body, headers, chat=True)
 
 

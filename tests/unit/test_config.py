@@ -140,3 +140,30 @@ def test_api_keys_come_from_a_secret_file_too(tmp_path: Path) -> None:
     secret.write_text('["not", "a", "mapping"]')
     with pytest.raises(ConfigError, match="api_keys_file"):
         load_config(flags, environ={"CARRYOVER_API_KEYS_FILE": str(secret)})
+
+
+def test_serving_beyond_loopback_needs_keys_or_saying_so(tmp_path: Path) -> None:
+    base = ["--prefill", "http://p:1", "--decode", "http://d:1"]
+    for host in ("127.0.0.1", "::1", "localhost"):
+        assert load_config([*base, "--host", host], environ={}).host == host
+    for host in ("0.0.0.0", "::", "10.1.2.3", "router.example"):
+        with pytest.raises(ConfigError, match="allow_unauthenticated"):
+            load_config([*base, "--host", host], environ={})
+    assert load_config([*base, "--host", "0.0.0.0", "--allow-unauthenticated"], environ={})
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"sk-0123456789": "team"}')
+    env = {"CARRYOVER_API_KEYS_FILE": str(keys)}
+    assert load_config([*base, "--host", "0.0.0.0"], environ=env).api_keys
+
+
+def test_the_admin_key_and_the_salt_key_come_from_files(tmp_path: Path) -> None:
+    admin = tmp_path / "admin"
+    admin.write_text("sk-admin-0123\n")
+    base = ["--prefill", "http://p:1", "--decode", "http://d:1"]
+    config = load_config([*base, "--admin-key-file", str(admin)], environ={})
+    assert config.admin_key == "sk-admin-0123"
+    env = {"CARRYOVER_ADMIN_KEY_FILE": str(admin), "CARRYOVER_CACHE_SALT_KEY_FILE": "/k"}
+    config = load_config(base, environ=env)
+    assert config.admin_key == "sk-admin-0123" and config.cache_salt_key_file == "/k"
+    with pytest.raises(ConfigError, match="admin_key_file"):
+        load_config([*base, "--admin-key-file", str(tmp_path / "missing")], environ={})

@@ -252,3 +252,31 @@ def test_the_docs_table_is_the_code_table() -> None:
         completion = COMPLETION_FIELDS[name].value if name in COMPLETION_FIELDS else "—"
         assert rows.pop(name) == (chat, completion), name
     assert rows == {}
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bool) -> None:
+    """P's body is built from an allow-list (a field vLLM adds later could make P render the
+    prompt itself); D's keeps every field. One field of each class, and one unknown."""
+    from router.config import InstanceConfig, ModelConfig
+    from router.turn.model import TurnRequest
+    from router.turn.openai_api import decode_body, prefill_body
+
+    table = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    sample = {
+        FieldClass.PASSES: "seed",
+        FieldClass.RENDERED: "messages" if chat else "prompt",
+        FieldClass.DISABLES_REUSE: "truncate_prompt_tokens",
+    }
+    body = {name: 1 for name in sample.values()}
+    body["future_vllm_field"] = True
+    body["min_tokens"] = 2  # known, but P's one token cannot honour it
+    assert all(table[name] is kind for kind, name in sample.items())
+    model = ModelConfig(decode=[InstanceConfig("http://d:1")], prefill=[])
+    req = TurnRequest(model, "m", None, body, chat, False, False, "r", 1)
+    p = prefill_body(req, [1, 2, 3], {"do_remote_decode": True})
+    d = decode_body(req, [1, 2, 3], None)
+    for name in sample.values():
+        assert name in p and name in d
+    assert "future_vllm_field" not in p and d["future_vllm_field"] is True
+    assert "min_tokens" not in p and d["min_tokens"] == 2

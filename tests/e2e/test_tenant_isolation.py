@@ -1,0 +1,128 @@
+"""Two tenants on one fleet (simulated engines, a password-protected Redis, two workers): one
+cannot hit or time the other's cached prompts, make the other's requests fail, or take its
+share of the router; and no key or password reaches a process's environment, a log or an
+error body (tests/support/secrets.py scans them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.redis_server import RedisServer
+from tests.support.metrics import ascrape
+from tests.support.secrets import register
+from tests.support.stack import Stack, chat_turn, stack
+
+ALPHA, BETA, ADMIN = "sk-alpha-4f1c9a7d2b", "sk-beta-8e3d6b0a51", "sk-admin-c27e95fd04"
+PASSWORD = "redis-pw-91b7e3a0c2"
+PROMPT = "Summarize the quarterly report on river gardens and their stones, page by page. " * 6
+POISON = "POISON-PILL-7c1e"
+
+
+@pytest.fixture
+def protected_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(
+        tmp_path / "redis", extra=["--requirepass", PASSWORD], auth=("default", PASSWORD)
+    )
+    server.start()
+    yield server
+    server.kill()
+
+
+def _config(tmp_path: Path, redis: RedisServer) -> Path:
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "keys.json").write_text(json.dumps({ALPHA: "alpha", BETA: "beta"}))
+    (secrets / "admin").write_text(ADMIN)
+    (secrets / "redis").write_text(PASSWORD)
+    path = tmp_path / "carryover.toml"
+    path.write_text(
+        "[router]\n"
+        f'api_keys_file = "{secrets / "keys.json"}"\n'
+        f'admin_key_file = "{secrets / "admin"}"\n'
+        f'redis = "{redis.url}"\n'
+        "workers = 2\n"
+        "[router.redis_options]\n"
+        f'password_file = "{secrets / "redis"}"\n'
+        "[router.tenant_limits.alpha]\n"
+        "concurrent_turns = 1\n"
+    )
+    return path
+
+
+def _as(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def _chat(s: Stack, key: str, content: str, **extra: Any) -> Any:
+    body = {"model": "sim-qwen3", "messages": [{"role": "user", "content": content}], **extra}
+    return await s.client.post(
+        s.router.url + "/v1/chat/completions", json={"max_tokens": 8, **body}, headers=_as(key)
+    )
+
+
+def _cached(answer: Any) -> int:
+    return int(answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+async def test_two_tenants_share_no_cache_no_failures_and_no_quota(
+    tmp_path: Path, protected_redis: RedisServer
+) -> None:
+    register(ALPHA, BETA, ADMIN, PASSWORD)
+    flags = ("--config", str(_config(tmp_path, protected_redis)))
+    async with stack(tmp_path, decodes=2, router_flags=flags) as s:
+        # 1. The same prompt: alpha's second send hits alpha's cache; beta's first does not.
+        first = await _chat(s, ALPHA, PROMPT)
+        assert first.status_code == 200 and _cached(first) == 0
+        again = await _chat(s, ALPHA, PROMPT)
+        assert _cached(again) > 0  # the cache works within a tenant
+        other = await _chat(s, BETA, PROMPT)
+        assert other.status_code == 200 and _cached(other) == 0
+        # A client salt separates users inside a tenant, and cannot reach another tenant.
+        salted = await _chat(s, BETA, PROMPT, cache_salt="user-1")
+        assert _cached(salted) == 0
+        salts: set[str] = set()
+        for engine in (*s.prefill, *s.decode):
+            salts |= set((await s.client.get(engine.url + "/sim/state")).json()["cache_salts"])
+        assert len(salts) == 3 and not any("alpha" in x or "beta" in x for x in salts)
+
+        # 2. Alpha's requests that make the engines answer 500 fail alpha's requests alone.
+        for engine in (*s.prefill, *s.decode):
+            await s.client.post(engine.url + "/sim/faults", json={"poison": POISON})
+        for _ in range(6):
+            failed = await _chat(s, ALPHA, f"{POISON} {PROMPT}")
+            assert failed.status_code == 502, failed.text
+            assert "127.0.0.1" not in failed.text  # no engine address in an error body
+        served = await _chat(s, BETA, "And now something else entirely.")
+        assert served.status_code == 200, served.text
+        values = await ascrape(s.client, s.router.url)
+        assert not any(v for k, v in values.items() if k.startswith("carryover_breaker_open{"))
+
+        # 3. Alpha runs one turn at a time per worker: of three at once, two workers take at
+        # most two; beta is served meanwhile.
+        alpha_turns = [
+            asyncio.create_task(
+                chat_turn(
+                    s.client,
+                    s.router.url,
+                    [{"role": "user", "content": f"{n} {PROMPT}"}],
+                    api_key=ALPHA,
+                    stream=True,
+                    max_tokens=300,
+                    ignore_eos=True,
+                )
+            )
+            for n in range(3)
+        ]
+        beta = await _chat(s, BETA, "Meanwhile, a short one.")
+        statuses = sorted(t.status for t in await asyncio.gather(*alpha_turns))
+        assert beta.status_code == 200
+        assert statuses.count(429) >= 1 and statuses.count(200) >= 1, statuses
+        values = await ascrape(s.client, s.router.url)
+        assert values.get("carryover_tenant_limited_total{tenant=alpha}", 0) >= 1
+        assert "carryover_tenant_limited_total{tenant=beta}" not in values

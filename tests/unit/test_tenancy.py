@@ -1,0 +1,87 @@
+"""Salts, log ids, limits and what clients are told (router/tenants, router/errors.py)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from router.cli import load_config
+from router.config import TenantLimits
+from router.errors import (
+    BadRequest,
+    EngineFailed,
+    EngineTimeout,
+    EngineUnavailable,
+    TooManyRequests,
+)
+from router.tenants.limits import TenantGate
+from router.tenants.salt import CacheSalts, check_client_salt
+
+
+def test_salts_differ_by_tenant_and_client_salt_and_no_pair_passes_for_another() -> None:
+    salts = CacheSalts(b"k", shared=False)
+    seen = {
+        salts.of("a", None),
+        salts.of("b", None),
+        salts.of("a", "x"),
+        salts.of("b", "x"),
+        salts.of("a", '"b'),  # an encoding that merely joined strings would collide here
+        salts.of('a"', "b"),
+    }
+    assert len(seen) == 6
+    assert CacheSalts(b"other", shared=False).of("a", None) != salts.of("a", None)
+    assert all(s is not None and len(s) <= 128 for s in seen)
+    shared = CacheSalts(b"k", shared=True)
+    assert shared.of("a", None) is None and shared.of("a", "x") == "x"
+    assert salts.log_id("a", "c1") != salts.log_id("b", "c1")
+
+
+@pytest.mark.parametrize("bad", ["", 7, "a/b", "a@b", "x" * 129, "nul\0"])
+def test_a_client_salt_vllm_would_refuse_is_a_400(bad: object) -> None:
+    with pytest.raises(BadRequest):
+        check_client_salt(bad)
+    assert check_client_salt("user-42") == "user-42"
+
+
+def _gate(**limits: TenantLimits) -> TenantGate:
+    base = load_config(["--prefill", "http://p:1", "--decode", "http://d:1"], environ={})
+    return TenantGate(msgspec.structs.replace(base, tenant_limits=limits))
+
+
+def test_a_tenant_over_its_concurrent_turns_is_refused_and_others_are_not() -> None:
+    gate = _gate(alpha=TenantLimits(concurrent_turns=2))
+    gate.enter("alpha")
+    gate.enter("alpha")
+    with pytest.raises(TooManyRequests):
+        gate.enter("alpha")
+    for _ in range(5):
+        gate.enter("beta")
+    gate.leave("alpha")
+    gate.enter("alpha")
+    assert gate.running("alpha") == 2 and gate.running("beta") == 5
+
+
+def test_priority_is_held_to_the_tenants_range() -> None:
+    gate = _gate(vip=TenantLimits(priority_min=-5, priority_max=5))
+    body = {"priority": -100}
+    gate.clamp_priority("someone", body)
+    assert "priority" not in body  # the default range is 0..0
+    body = {"priority": -100}
+    gate.clamp_priority("vip", body)
+    assert body["priority"] == -5
+    with pytest.raises(BadRequest):
+        gate.clamp_priority("vip", {"priority": "high"})
+
+
+def test_clients_never_read_an_engines_address_but_read_its_4xx() -> None:
+    for error in (
+        EngineUnavailable("cannot connect to http://10.0.0.5:8000/v1/chat/completions"),
+        EngineTimeout("http://p0.internal:8000/v1/completions did not answer within 5 s"),
+        EngineFailed("decode-0.vllm:8000 broke off: it closed"),
+    ):
+        public = error.public_message
+        assert "10.0.0.5" not in public and "8000" not in public, public
+        assert "internal" not in public and "vllm:" not in public, public
+    assert EngineFailed("max_tokens is too large", status=400).public_message == (
+        "max_tokens is too large"
+    )
