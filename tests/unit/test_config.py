@@ -13,19 +13,29 @@ from router.config import ConfigError
 README = Path(__file__).parents[2] / "README.md"
 
 
-def readme_toml() -> str:
+def readme_toml(secrets: Path) -> str:
+    """The README's example, its secret files (``/run/secrets/…``) made under ``secrets``."""
     blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) == 1
-    return blocks[0]
+    contents = {
+        "api-keys.json": '{"sk-team-a": "team-a"}',
+        "admin-key": "sk-admin",
+        "salt-key": "salt-key",
+    }
+    secrets.mkdir(exist_ok=True)
+    for name, text in contents.items():
+        (secrets / name).write_text(text)
+    return blocks[0].replace("/run/secrets/", f"{secrets}/")
 
 
 def test_the_readme_example_loads_as_documented(tmp_path: Path) -> None:
     path = tmp_path / "carryover.toml"
-    path.write_text(readme_toml())
+    path.write_text(readme_toml(tmp_path / "secrets"))
     config = load_config(["--config", str(path)], environ={})
     model = config.models[0]
     assert config.redis == "redis://127.0.0.1:6379/0"
-    assert config.api_keys == {"sk-team-a": "team-a"}
+    assert config.api_keys == {"sk-team-a": "team-a"} and config.admin_key == "sk-admin"
+    assert config.default_tenant_limits.concurrent_turns == 64 and not config.shared_cache
     assert (config.held_interval, config.timeouts.health, config.timeouts.keepalive) == (10, 1, 4)
     assert model.record_ttl == 450  # 480 - 5 - 25, as the comment says
     assert model.when_prefill_down == "decode-alone"
@@ -33,7 +43,7 @@ def test_the_readme_example_loads_as_documented(tmp_path: Path) -> None:
 
 def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
     path = tmp_path / "carryover.toml"
-    path.write_text(readme_toml())
+    path.write_text(readme_toml(tmp_path / "secrets"))
     environ = {"CARRYOVER_HELD_INTERVAL": "3", "CARRYOVER_WHEN_PREFILL_DOWN": "fail"}
     from_env = load_config(["--config", str(path)], environ=environ)
     assert from_env.held_interval == 3 and from_env.models[0].when_prefill_down == "fail"
@@ -52,7 +62,7 @@ def test_an_unknown_policy_is_a_config_error() -> None:
 
 def test_affinity_settings_come_from_flags_env_and_file(tmp_path: Path) -> None:
     path = tmp_path / "carryover.toml"
-    path.write_text(readme_toml())
+    path.write_text(readme_toml(tmp_path / "secrets"))
     from_file = load_config(["--config", str(path)], environ={})
     assert (from_file.affinity_slack, from_file.affinity_tokens_per_load) == (4, 256)
     environ = {"CARRYOVER_AFFINITY_TOKENS_PER_LOAD": "64"}
