@@ -1,10 +1,13 @@
-"""Giving back a decode instance's oldest handles when its KV cache runs full.
+"""Giving back a decode instance's handles when its KV cache runs full: the oldest of the
+tenant holding most of them first.
 
 D pins every finished turn's blocks for ``decoder_kv_blocks_ttl`` and cannot evict them; its
 ``vllm:kv_cache_usage_perc`` counts them. Once pins fill the cache, running requests wait for
 blocks until some pin's TTL runs out: with 1,000 live conversations a soak saw turns stall for
 up to 35 s behind a full D. So when a D's usage reaches ``high_water``, the router claims the
-oldest handles stored for it (the conversations least likely to come back soon) and releases
+handles stored for it, the oldest of the tenant that holds most of them first (state/relief.py:
+no tenant can push another's history off D by holding more; within a tenant, the
+conversations least likely to come back soon) and releases
 them through P, as a DELETE does, until what it expects to free brings usage to ``low_water``.
 A released conversation's next turn is cold; nothing is ever sent twice (claims are atomic,
 also between replicas). Every worker of every replica probes the same usage, so each decode
@@ -58,7 +61,7 @@ async def relieve(
     period: float,
 ) -> int:
     """One pass: the decode instances at or above ``high_water`` (their usage as last probed)
-    give back their oldest handles, each by the one process whose turn it is this ``period``.
+    give back handles (largest holders' oldest first), each by the one process whose turn it is this ``period``.
     Returns how many were given back."""
     pressured = [i for i in decodes if i.kv_usage >= high_water]
     pressured = [
@@ -97,7 +100,7 @@ async def relieve(
         await asyncio.gather(*(give_back(instance, r) for r in records))
         given_back += len(records)
         log.info(
-            "decode KV at %.0f%%: gave back %d of its %d held handles, oldest first",
+            "decode KV at %.0f%%: gave back %d of its %d held handles, largest holders' oldest first",
             100 * instance.kv_usage,
             len(records),
             stats.count,

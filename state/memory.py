@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from state.keys import ConversationKey
 from state.records import Record
+from state.relief import largest_holders_first
 from state.store import Committed, Held, Oldest
 
 __all__ = ["MemoryStore"]
@@ -128,12 +129,11 @@ class MemoryStore:
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         held = [
-            (record.created_at, key)
+            (record.created_at, key, key.tenant)
             for key, record in self._records.items()
             if record.decode == instance and not record.expired(now) and not record.shadowed
         ]
-        held.sort(key=lambda pair: pair[0])
-        return Oldest([self._records.pop(key) for _, key in held[:count]])
+        return Oldest([self._records.pop(key) for key in largest_holders_first(held, count)])
 
     async def set_draining(self, instance: str, draining: bool) -> None:
         if draining:

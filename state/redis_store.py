@@ -32,7 +32,6 @@ hands back no replaced record to release, for the same reason.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
@@ -45,6 +44,7 @@ from state.loops import Deadline, RunningLoop
 from state.records import Record
 from state.redis_fleet import FleetCalls
 from state.redis_values import decode_value, encode_value
+from state.relief import largest_holders_first
 from state.resp import Arg, RespError, Script
 from state.slots import shard_tags
 from state.store import Committed, Held, Oldest, StoreUnavailable
@@ -350,27 +350,32 @@ class RedisStore(FleetCalls):
             return Oldest([])
         self._learn(instance)
 
-        async def oldest(shard: _Shard, want: int) -> list[tuple[float, bytes, _Shard]]:
+        async def listed(shard: _Shard) -> list[tuple[float, tuple[bytes, _Shard], str]]:
             since = shard.triple(self._namespace, instance)[1]
-            entries = await self._channel.call("ZRANGE", since, 0, want - 1, "WITHSCORES")
-            return [(float(entries[j + 1]), entries[j], shard) for j in range(0, len(entries), 2)]
+            entries = await self._channel.call("ZRANGE", since, 0, -1, "WITHSCORES")
+            prefix = f"{self._namespace}:{{{shard.tag}}}:".encode()
+            return [
+                (float(entries[j + 1]), (entries[j], shard), _tenant_of(entries[j], prefix))
+                for j in range(0, len(entries), 2)
+            ]
 
         withheld = 0
 
         async def take() -> list[Any]:
-            # The oldest over every shard, then one claim per shard they are in. Another
+            # The largest holders' oldest over every shard (state/relief.py), then one claim
+            # per shard they are in. Another
             # replica may claim the same ones first: every entry a round chose is gone from
             # the index after it (claimed, by whoever, or found gone), so rounds end.
             nonlocal withheld
             taken: list[Any] = []
             while True:
                 want = count - len(taken)
-                listed = await asyncio.gather(*(oldest(s, want) for s in self._shards))
-                chosen = heapq.nsmallest(want, (e for entries in listed for e in entries))
+                every = await asyncio.gather(*(listed(s) for s in self._shards))
+                chosen = largest_holders_first((e for entries in every for e in entries), want)
                 if not chosen:
                     break
                 by_shard: dict[int, tuple[_Shard, list[bytes]]] = {}
-                for _, key, shard in chosen:
+                for key, shard in chosen:
                     by_shard.setdefault(id(shard), (shard, []))[1].append(key)
                 replies = await asyncio.gather(
                     *(
@@ -406,3 +411,8 @@ class RedisStore(FleetCalls):
         self._channel.close()
         if self._waited is not self._channel:
             self._waited.close()
+
+
+def _tenant_of(record_key: bytes, prefix: bytes) -> str:
+    """The (escaped) tenant part of a record key ``prefix`` + ``tenant:model:id``."""
+    return record_key[len(prefix) :].split(b":", 1)[0].decode(errors="replace")

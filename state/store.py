@@ -125,7 +125,8 @@ class Store(Protocol):
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         """Claim (as :meth:`claim` does: each at most once, fleet-wide) up to ``count`` of the
-        live records whose blocks ``instance`` holds, oldest first: what the router gives
+        live records whose blocks ``instance`` holds, the oldest of the tenant holding most
+        of them first (``state/relief.py``): what the router gives
         back when that decode instance runs short of KV blocks."""
         ...
 

@@ -262,6 +262,23 @@ async def test_claim_oldest_takes_the_oldest_live_records_of_one_instance_once(
     assert await store.claim(key("other")) is not None
 
 
+async def test_relief_takes_the_largest_holders_oldest_first(store: Store) -> None:
+    """One tenant holding most of an instance's handles gives its own back first, even
+    though another tenant's are older; among equal holders, the oldest goes first."""
+    now = time.time()
+    for i in range(2):  # the small tenant's two, the oldest of all
+        record = msgspec.structs.replace(make_record(1, decode="d3"), created_at=now - 100 + i)
+        await store.commit(key(f"small-{i}", tenant="small"), record, now=now)
+    for i in range(5):
+        record = msgspec.structs.replace(make_record(1, decode="d3"), created_at=now - 50 + i)
+        await store.commit(key(f"big-{i}", tenant="big"), record, now=now)
+    taken = (await store.claim_oldest("d3", 3, now=now)).records
+    assert sorted(r.created_at for r in taken) == [now - 50, now - 49, now - 48]
+    # 2 and 2 left: the oldest of the tied holders next (the small tenant's first).
+    taken = (await store.claim_oldest("d3", 2, now=now)).records
+    assert sorted(r.created_at for r in taken) == [now - 100, now - 47]
+
+
 async def test_two_replicas_relieving_one_instance_never_take_a_record_twice(
     replicas: tuple[RedisStore, RedisStore],
 ) -> None:

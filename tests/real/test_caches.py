@@ -15,12 +15,13 @@ import pytest
 
 from bench.real.launch import VllmPair
 from bench.redis_server import RedisServer
-from tests.real.conftest import routed
+from tests.real.conftest import routed, router_flags
 from tests.real.helpers import (
     BLOCK,
     COMPUTED,
     HITS,
     PULLED,
+    SERVED_NAME,
     completion,
     salted,
     same_output,
@@ -31,6 +32,7 @@ from tests.real.helpers import (
 from tests.support.http import SAFE_TO_RESEND
 from tests.support.metrics import ascrape
 from tests.support.router_proc import RouterProcess
+from tests.support.secrets import register
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.real, pytest.mark.engines("pd")]
@@ -232,3 +234,46 @@ async def test_a_decode_local_turn_is_served_from_ds_own_cache(
         assert p_after[PULLED] == p_before[PULLED]
         want = (await completion(client, p_url, second, **salted())).json()
         assert same_output(r.json(), want, chat=False)
+
+
+async def test_a_second_tenants_identical_prompt_computes_every_token(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """vLLM honours the salt the router gives each tenant: tenant B's prompt, token for token
+    tenant A's, finds nothing of A's in P's prefix cache and computes every token (P's own
+    counters); A sending it again finds its blocks."""
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"sk-tenant-a-5e1d": "a", "sk-tenant-b-93c0": "b"}')
+    register("sk-tenant-a-5e1d", "sk-tenant-b-93c0")
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    prompt = await tokenize(
+        client,
+        p_url,
+        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
+        add_generation_prompt=True,
+    )
+    router = RouterProcess(
+        router_flags(vllm_pair, redis_server), tmp_path, env={"CARRYOVER_API_KEYS_FILE": str(keys)}
+    )
+    try:
+        await router.start(timeout=180)
+
+        async def send(key: str) -> dict[str, float]:
+            before = await ascrape(client, p_url)
+            r = await client.post(
+                router.url + "/v1/completions",
+                json={"model": SERVED_NAME, "prompt": prompt, "max_tokens": 2, "temperature": 0},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200, r.text
+            after = await ascrape(client, p_url)
+            return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in (HITS, COMPUTED)}
+
+        await send("sk-tenant-a-5e1d")
+        b = await send("sk-tenant-b-93c0")
+        assert b[HITS] == 0 and b[COMPUTED] == len(prompt)
+        a = await send("sk-tenant-a-5e1d")
+        assert a[HITS] == len(prompt) // BLOCK * BLOCK
+    finally:
+        router.stop()
