@@ -109,6 +109,18 @@ def _sim_throughput(args: argparse.Namespace) -> None:
     run_sim_bench(args.out, requests=args.requests, concurrency=args.concurrency)
 
 
+def _tenant_salt(args: argparse.Namespace) -> None:
+    from bench.tenant_salt import run_tenant_salt
+
+    run_tenant_salt(
+        args.out,
+        tenants=args.tenants,
+        per_tenant=args.per_tenant,
+        system_tokens=args.system_tokens,
+        speed=args.speed,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="carryover bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -211,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     s.add_argument("--concurrency", type=int, default=64)
     s.add_argument("--out", type=Path, default=Path("results/sim"))
     s.set_defaults(func=_sim_throughput)
+    t = sub.add_parser("tenant-salt", help="what a cache salt per tenant costs")
+    t.add_argument("--tenants", type=int, default=8)
+    t.add_argument("--per-tenant", type=int, default=4, help="first turns per tenant")
+    t.add_argument("--system-tokens", type=int, default=2000, help="the shared system prompt")
+    t.add_argument("--speed", type=float, default=1.0, help="simulated delay multiplier")
+    t.add_argument("--out", type=Path, default=Path("results/tenant-salt"))
+    t.set_defaults(func=_tenant_salt)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     # SIGTERM's default action ends the process at once, skipping the ``finally`` that stops
     # the engines and routers a benchmark started (they run in sessions of their own, so

@@ -132,37 +132,9 @@ async def test_the_kv_index_follows_vllms_own_events(
     assert hits_delta == min(said_delta, (len(second) - 1) // BLOCK * BLOCK)
 
 
-async def test_without_a_handle_p_computes_only_what_its_cache_lacks(
-    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
-) -> None:
-    """The handle is gone (deleted here, as D's TTL would end it): the next turn is cold, and
-    the index sends it to the P that still holds the history's blocks. P's own counters show
-    those blocks served from its cache, nothing pulled, only the rest computed."""
-    p_url, _ = urls(vllm_pair)
-    nonce = uuid.uuid4().hex[:8]
-    prompt, output = await first_turn(client, real_router, vllm_pair, nonce)
-    deleted = await client.delete(f"{real_router.url}/v1/conversations/{nonce}")
-    assert deleted.json()["released"] is True
-    second = await next_prompt(client, p_url, prompt, output, nonce)
-    p_before, r_before = await ascrape(client, p_url), await ascrape(client, real_router.url)
-    r = await completion(client, real_router.url, second, conversation=nonce)
-    assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-miss", r.text
-    p_after, r_after = await ascrape(client, p_url), await ascrape(client, real_router.url)
-
-    def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
-        return after.get(key, 0.0) - before.get(key, 0.0)
-
-    hits = delta(p_after, p_before, HITS)
-    assert hits == len(prompt) // BLOCK * BLOCK  # the first turn's whole blocks
-    assert delta(p_after, p_before, PULLED) == 0
-    assert delta(p_after, p_before, COMPUTED) == len(second) - hits
-    assert delta(r_after, r_before, SAID.format(leg="prefill")) == hits  # the index said so
-    # The client is told what no engine computed for this turn: P's hits.
-    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == hits
-    want = (await completion(client, p_url, second, **salted())).json()
-    assert same_output(r.json(), want, chat=False)
-
-
+# Before any test that releases a handle: a release is a one-token request through P, whose
+# block P keeps for D's read until its lease ends (D never reads it), and vLLM refuses a
+# reset while P holds a block.
 async def test_reset_prefix_cache_empties_the_index_of_p(
     client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
 ) -> None:
@@ -198,6 +170,37 @@ async def test_reset_prefix_cache_empties_the_index_of_p(
         what="the index holds only the blocks P stored after AllBlocksCleared",
         timeout=60,
     )
+
+
+async def test_without_a_handle_p_computes_only_what_its_cache_lacks(
+    client: httpx.AsyncClient, vllm_pair: VllmPair, real_router: RouterProcess
+) -> None:
+    """The handle is gone (deleted here, as D's TTL would end it): the next turn is cold, and
+    the index sends it to the P that still holds the history's blocks. P's own counters show
+    those blocks served from its cache, nothing pulled, only the rest computed."""
+    p_url, _ = urls(vllm_pair)
+    nonce = uuid.uuid4().hex[:8]
+    prompt, output = await first_turn(client, real_router, vllm_pair, nonce)
+    deleted = await client.delete(f"{real_router.url}/v1/conversations/{nonce}")
+    assert deleted.json()["released"] is True
+    second = await next_prompt(client, p_url, prompt, output, nonce)
+    p_before, r_before = await ascrape(client, p_url), await ascrape(client, real_router.url)
+    r = await completion(client, real_router.url, second, conversation=nonce)
+    assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-miss", r.text
+    p_after, r_after = await ascrape(client, p_url), await ascrape(client, real_router.url)
+
+    def delta(after: dict[str, float], before: dict[str, float], key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    hits = delta(p_after, p_before, HITS)
+    assert hits == len(prompt) // BLOCK * BLOCK  # the first turn's whole blocks
+    assert delta(p_after, p_before, PULLED) == 0
+    assert delta(p_after, p_before, COMPUTED) == len(second) - hits
+    assert delta(r_after, r_before, SAID.format(leg="prefill")) == hits  # the index said so
+    # The client is told what no engine computed for this turn: P's hits.
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == hits
+    want = (await completion(client, p_url, second, **salted())).json()
+    assert same_output(r.json(), want, chat=False)
 
 
 async def test_a_decode_local_turn_is_served_from_ds_own_cache(
