@@ -59,12 +59,11 @@ async def _turns(
                     "POST", f"{url}/v1/chat/completions", json=body, headers=headers
                 ) as response:
                     response.raise_for_status()
+                    first = True
                     async for line in response.aiter_lines():
-                        if line.startswith("data: "):
+                        if first and line.startswith("data: "):
                             ttfts.append(time.perf_counter() - started)
-                            break
-                    async for _ in response.aiter_lines():
-                        pass
+                            first = False
     return ttfts
 
 
