@@ -44,6 +44,7 @@ from router.services import Services, json_response
 from router.store import check_store, open_store
 from router.tenants.limits import TenantGate
 from router.tenants.salt import salts_of
+from router.tenants.usage import count_conversations_forever
 from router.tokens.check import TokensCheck, keep_checking
 from router.tracing import Tracing
 from router.turn import TurnRunner
@@ -108,6 +109,7 @@ def create_app(
         renderers = Renderers(config, upstream, metrics_)
         kv = KvEvents(config, KvMetrics(metrics_.registry))
         tokens_checks = {id(m): TokensCheck() for m in config.models if m.tokens_only}
+        gate = TenantGate(config, metrics_.tenant_limited)
         runner = TurnRunner(
             config,
             pool,
@@ -120,6 +122,7 @@ def create_app(
             planner=chosen_planner,
             kv=kv,
             tokens_checks=tokens_checks,
+            gate=gate,
         )
         services = Services(
             config=config,
@@ -134,7 +137,7 @@ def create_app(
             clock=clock,
             kv=kv,
             salts=salts_of(config),
-            gate=TenantGate(config),
+            gate=gate,
             tokens_checks=tokens_checks,
         )
         app.state.services = services
@@ -149,6 +152,20 @@ def create_app(
         decode_names = [i.name for i in pool.instances if i.role == "decode"]
         held = asyncio.create_task(
             report_held_forever(backend, decode_names, metrics_, config.held_interval)
+        )
+        counting = (
+            asyncio.create_task(
+                count_conversations_forever(
+                    backend,
+                    decode_names,
+                    gate,
+                    metrics_,
+                    interval=config.held_interval,
+                    clock=clock,
+                )
+            )
+            if gate.counts_conversations
+            else None
         )
         relief = asyncio.create_task(
             relieve_forever(
@@ -199,6 +216,8 @@ def create_app(
             for task in checking:
                 task.cancel()
             held.cancel()
+            if counting is not None:
+                counting.cancel()
             relief.cancel()
             publishing.cancel()
             draining.cancel()

@@ -308,18 +308,25 @@ class TenantLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     Attributes:
         concurrent_turns: turns it runs at once in one router process (``None``: no limit);
             one more gets 429.
+        conversations: live conversation records it may hold fleet-wide (``None``: no
+            limit); at the limit a turn that would start a new record (no live one for its
+            conversation) gets 429, while its live conversations go on. Read from the store
+            every ``held_interval``: a soft limit, passed by at most a few turns.
         priority_min, priority_max: the range its requests' ``priority`` is held to (vLLM
             runs lower values sooner under ``--scheduling-policy priority``); 0 and 0 by
             default, so no client can jump the queue.
     """
 
     concurrent_turns: int | None = None
+    conversations: int | None = None
     priority_min: int = 0
     priority_max: int = 0
 
     def __post_init__(self) -> None:
-        if self.concurrent_turns is not None and self.concurrent_turns < 1:
-            raise ConfigError("tenant limits: concurrent_turns must be 1 or more")
+        for name in ("concurrent_turns", "conversations"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"tenant limits: {name} must be 1 or more")
         if self.priority_min > self.priority_max:
             raise ConfigError("tenant limits: priority_min must not exceed priority_max")
 

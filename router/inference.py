@@ -20,7 +20,6 @@ from router.errors import (
     CarryoverError,
     ClientGone,
     EngineUnavailable,
-    TooManyRequests,
     http_error_type,
 )
 from router.openai import ChatView, parse_body
@@ -172,11 +171,7 @@ async def _generate(
         trace=trace,
         started_at=services.clock(),
     )
-    try:
-        services.gate.enter(tenant)
-    except TooManyRequests:
-        services.metrics.tenant_limited.labels(tenant).inc()
-        raise
+    services.gate.enter(tenant)
     services.in_flight += 1
     started = time.perf_counter()
     outcome = None

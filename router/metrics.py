@@ -255,11 +255,19 @@ class RouterMetrics:
             ["server"],
             registry=r,
         )
+        self.tenant_conversations = Gauge(
+            "carryover_tenant_conversations",
+            "Live conversation records of each tenant with a conversations limit, fleet-wide, "
+            "as this router last read them from the store (the least of its workers' reads).",
+            ["tenant"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.tenant_limited = Counter(
             "carryover_tenant_limited",
-            "Requests refused with 429 because their tenant ran its concurrent_turns limit "
-            "in this router process.",
-            ["tenant"],
+            "Requests refused with 429 because their tenant was at a limit: concurrent_turns "
+            "(in this router process) or conversations (fleet-wide).",
+            ["tenant", "limit"],
             registry=r,
         )
         self.unchecked = Counter(

@@ -15,6 +15,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "ConversationKey",
     "InvalidIdentifier",
+    "unescape",
     "validate_identifier",
 ]
 
@@ -48,6 +49,11 @@ def validate_identifier(value: object, *, what: str = "conversation id") -> str:
 def _escape(part: str) -> str:
     # '%' first, so that an escaped ':' can never be confused with a literal "%3A".
     return part.replace("%", "%25").replace(":", "%3A")
+
+
+def unescape(part: str) -> str:
+    """A part of a storage key as it was named (the inverse of the escaping above)."""
+    return part.replace("%3A", ":").replace("%25", "%")
 
 
 class ConversationKey(msgspec.Struct, frozen=True):

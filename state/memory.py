@@ -127,6 +127,14 @@ class MemoryStore:
             for name in instances
         }
 
+    async def conversations_by_tenant(self, instances: list[str], *, now: float) -> dict[str, int]:
+        wanted = set(instances)
+        counts: dict[str, int] = {}
+        for key, record in self._records.items():
+            if record.decode in wanted and not record.expired(now):
+                counts[key.tenant] = counts.get(key.tenant, 0) + 1
+        return counts
+
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         held = [
             (record.created_at, key, key.tenant)

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from state import redis_scripts as scripts
 from state.channel import Channel
-from state.keys import ConversationKey
+from state.keys import ConversationKey, unescape
 from state.loops import Deadline, RunningLoop
 from state.records import Record
 from state.redis_fleet import FleetCalls
@@ -345,6 +345,25 @@ class RedisStore(FleetCalls):
             result[name] = Held(count, oldest, expired, releasable)
         return result
 
+    async def conversations_by_tenant(self, instances: list[str], *, now: float) -> dict[str, int]:
+        # The held indexes by expiry list every live record's key, and keys name tenants.
+        async def listed(shard: _Shard, instance: str) -> list[str]:
+            held = shard.triple(self._namespace, instance)[0]
+            keys = await self._channel.call("ZRANGEBYSCORE", held, f"({now!r}", "+inf")
+            prefix = f"{self._namespace}:{{{shard.tag}}}:".encode()
+            return [_tenant_of(key, prefix) for key in keys]
+
+        for name in instances:
+            self._learn(name)
+        every = await self._call(
+            lambda: asyncio.gather(*(listed(s, i) for s in self._shards for i in instances))
+        )
+        counts: dict[str, int] = {}
+        for tenants in every:
+            for tenant in tenants:
+                counts[tenant] = counts.get(tenant, 0) + 1
+        return counts
+
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         if count <= 0:
             return Oldest([])
@@ -414,5 +433,5 @@ class RedisStore(FleetCalls):
 
 
 def _tenant_of(record_key: bytes, prefix: bytes) -> str:
-    """The (escaped) tenant part of a record key ``prefix`` + ``tenant:model:id``."""
-    return record_key[len(prefix) :].split(b":", 1)[0].decode(errors="replace")
+    """The tenant of a record key ``prefix`` + ``tenant:model:id`` (escaped: state/keys.py)."""
+    return unescape(record_key[len(prefix) :].split(b":", 1)[0].decode(errors="replace"))

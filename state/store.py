@@ -123,6 +123,11 @@ class Store(Protocol):
         """Live (unexpired, unclaimed) records by the decode instance holding their blocks."""
         ...
 
+    async def conversations_by_tenant(self, instances: list[str], *, now: float) -> dict[str, int]:
+        """Live records by tenant, over those whose blocks ``instances`` hold (every record
+        names its decode instance)."""
+        ...
+
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         """Claim (as :meth:`claim` does: each at most once, fleet-wide) up to ``count`` of the
         live records whose blocks ``instance`` holds, the oldest of the tenant holding most

@@ -1,26 +1,52 @@
-"""Per-tenant limits a router process enforces before a turn starts (docs/security.md): how
-many turns a tenant runs at once, and the scheduling ``priority`` it may ask the engines for.
+"""Per-tenant limits a router process enforces (docs/security.md): how many turns a tenant
+runs at once, how many live conversations it may hold, and the scheduling ``priority`` it may
+ask the engines for.
 
 Concurrent turns are counted per router process (a worker): a fleet-wide count would cost a
 store round trip per turn. The fleet's limit for a tenant is therefore ``concurrent_turns``
-times the workers of all replicas; set it with that in mind.
+times the workers of all replicas; set it with that in mind. Conversations are counted
+fleet-wide, from the store, every ``held_interval`` (``router/tenants/usage.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from router.config import RouterConfig, TenantLimits
 from router.errors import BadRequest, TooManyRequests
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
 
 __all__ = ["TenantGate"]
 
 
 class TenantGate:
-    def __init__(self, config: RouterConfig) -> None:
+    """``limited``: counts refusals by tenant and limit (``carryover_tenant_limited``)."""
+
+    def __init__(self, config: RouterConfig, limited: Counter | None = None) -> None:
+        self._limited = limited
         self._default = config.default_tenant_limits
         self._limits = config.tenant_limits
         self._running: dict[str, int] = {}
+        #: live conversations by tenant, fleet-wide, as last read from the store
+        self.conversations: dict[str, int] = {}
+
+    @property
+    def counts_conversations(self) -> bool:
+        """Whether any tenant's conversations are limited (else they are never read)."""
+        limits = [self._default, *self._limits.values()]
+        return any(limit.conversations is not None for limit in limits)
+
+    @property
+    def limited_tenants(self) -> list[str]:
+        """The tenants with a conversations limit of their own or the default's, by name (the
+        default's: every tenant seen holding a conversation)."""
+        named = [t for t, limit in self._limits.items() if limit.conversations is not None]
+        if self._default.conversations is None:
+            return named
+        unnamed = [t for t in self.conversations if t not in self._limits]
+        return named + unnamed
 
     def limits(self, tenant: str) -> TenantLimits:
         return self._limits.get(tenant, self._default)
@@ -34,10 +60,27 @@ class TenantGate:
         limit = self.limits(tenant).concurrent_turns
         running = self._running.get(tenant, 0)
         if limit is not None and running >= limit:
+            self._refused(tenant, "concurrent_turns")
             raise TooManyRequests(
                 f"this API key runs {limit} requests at once already; retry when one ends"
             )
         self._running[tenant] = running + 1
+
+    def admit_new(self, tenant: str) -> None:
+        """A turn would store a new conversation record for ``tenant``: 429 when the tenant
+        holds its limit of live conversations already."""
+        limit = self.limits(tenant).conversations
+        if limit is not None and self.conversations.get(tenant, 0) >= limit:
+            self._refused(tenant, "conversations")
+            raise TooManyRequests(
+                f"this API key holds {limit} live conversations already; end some "
+                "(DELETE /v1/conversations/{id}) or continue existing ones",
+                param="conversation_id",
+            )
+
+    def _refused(self, tenant: str, limit: str) -> None:
+        if self._limited is not None:
+            self._limited.labels(tenant, limit).inc()
 
     def leave(self, tenant: str) -> None:
         left = self._running[tenant] - 1

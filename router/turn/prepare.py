@@ -60,6 +60,8 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         record, store_failed = await _claim(svc, req)
         if record is not None:
             svc.metrics.handle_age.observe(max(0.0, svc.clock() - record.created_at))
+        elif not store_failed:
+            _admit_new(svc, req)
     hashed = None
     if ids is not None and use_state:
         chunk = record.prefix.chunk_size if record else chunk_size_for(req.model.block_size)
@@ -89,6 +91,13 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         claimed=claimed,
         cache_salt=req.cache_salt,
     )
+
+
+def _admit_new(svc: TurnServices, req: TurnRequest) -> None:
+    """The turn would start a new record: 429 when its tenant holds its limit already
+    (nothing was claimed, so nothing is left to settle)."""
+    if svc.gate is not None:
+        svc.gate.admit_new(req.tenant)
 
 
 #: Why a claimed record's handle goes nowhere, by the plan's reason for not attaching it.
@@ -147,10 +156,12 @@ async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list
         svc.metrics.unchecked.labels(name).inc()
     record: Record | None = None
     if req.key is not None and req.model.reuse:
-        record, _ = await _claim(svc, req)
+        record, failed = await _claim(svc, req)
         if record is not None:
             held = svc.ledger.hold(Origin.CLAIMED)
             svc.release_later(req, held, record.handle, ReleaseCause.REUSE_DISABLED)
+        elif not failed:
+            _admit_new(svc, req)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
     path = TurnPath.COLD_UNCHECKED

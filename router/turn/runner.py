@@ -22,6 +22,7 @@ from router.metrics import RouterMetrics
 from router.outcomes import LeftToExpire, ReleaseCause
 from router.pool import InstancePool
 from router.render.backends import Renderer
+from router.tenants.limits import TenantGate
 from router.tokens.check import TokensCheck
 from router.tokens.server import RenderServerClient
 from router.turn.decode import complete, stream
@@ -49,6 +50,7 @@ class TurnRunner:
         planner: Planner = plan,
         kv: KvEvents | None = None,
         tokens_checks: dict[int, TokensCheck] | None = None,
+        gate: TenantGate | None = None,
     ) -> None:
         self._svc = TurnServices(
             config,
@@ -62,6 +64,7 @@ class TurnRunner:
             planner=planner,
             kv=kv,
             tokens_checks=tokens_checks if tokens_checks is not None else {},
+            gate=gate or TenantGate(config),
         )
 
     async def run(self, req: TurnRequest) -> TurnOutcome:

@@ -23,6 +23,7 @@ from router.outcomes import ReleaseCause
 from router.policy import Affinity, pick_prefill
 from router.pool import InstancePool
 from router.render.backends import Renderer
+from router.tenants.limits import TenantGate
 from router.tokens.check import TokensCheck
 from router.tokens.server import RenderServerClient
 from router.turn.api import engine_api
@@ -92,6 +93,7 @@ class TurnServices:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     # Tokens-only models' render-server checks (router/tokens/check.py), by id() of the model.
     tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)
+    gate: TenantGate | None = None  # per-tenant limits; None: none
     ledger: HandleLedger = field(init=False)
     _render_servers: dict[int, RenderServerClient] = field(default_factory=dict)
 

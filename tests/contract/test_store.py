@@ -279,6 +279,21 @@ async def test_relief_takes_the_largest_holders_oldest_first(store: Store) -> No
     assert sorted(r.created_at for r in taken) == [now - 100, now - 47]
 
 
+async def test_live_conversations_are_counted_by_tenant(store: Store) -> None:
+    now = time.time()
+    for tenant, names in (("acme", ["c1", "c2", "c3"]), ("odd:te%3Ant", ["c1"])):
+        for name in names:
+            await store.commit(key(name, tenant=tenant), make_record(1, decode="d4"), now=now)
+    await store.commit(key("c9", tenant="acme"), make_record(1, decode="d5"), now=now)
+    await store.commit(key("gone", tenant="acme"), make_record(1, decode="d4", ttl=0.2), now=now)
+    await eventually(
+        lambda: store.get(key("gone", tenant="acme")), lambda r: r is None, what="an expiry"
+    )
+    assert await store.claim(key("c3")) is not None  # claimed: no longer live
+    counts = await store.conversations_by_tenant(["d4", "d5"], now=time.time())
+    assert counts == {"acme": 3, "odd:te%3Ant": 1}
+
+
 async def test_two_replicas_relieving_one_instance_never_take_a_record_twice(
     replicas: tuple[RedisStore, RedisStore],
 ) -> None:

@@ -17,6 +17,7 @@ from bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
 from tests.support.secrets import register
 from tests.support.stack import Stack, chat_turn, stack
+from tests.support.waiting import eventually
 
 ALPHA, BETA, ADMIN = "sk-alpha-4f1c9a7d2b", "sk-beta-8e3d6b0a51", "sk-admin-c27e95fd04"
 PASSWORD = "redis-pw-91b7e3a0c2"
@@ -47,10 +48,13 @@ def _config(tmp_path: Path, redis: RedisServer) -> Path:
         f'admin_key_file = "{secrets / "admin"}"\n'
         f'redis = "{redis.url}"\n'
         "workers = 2\n"
+        "held_interval = 0.2\n"
         "[router.redis_options]\n"
         f'password_file = "{secrets / "redis"}"\n'
         "[router.tenant_limits.alpha]\n"
         "concurrent_turns = 1\n"
+        "[router.tenant_limits.beta]\n"
+        "conversations = 2\n"
     )
     return path
 
@@ -124,5 +128,38 @@ async def test_two_tenants_share_no_cache_no_failures_and_no_quota(
         assert beta.status_code == 200
         assert statuses.count(429) >= 1 and statuses.count(200) >= 1, statuses
         values = await ascrape(s.client, s.router.url)
-        assert values.get("carryover_tenant_limited_total{tenant=alpha}", 0) >= 1
-        assert "carryover_tenant_limited_total{tenant=beta}" not in values
+        limited = "carryover_tenant_limited_total{{limit={},tenant={}}}"
+        assert values.get(limited.format("concurrent_turns", "alpha"), 0) >= 1
+        assert limited.format("concurrent_turns", "beta") not in values
+
+        # 4. Beta may hold two live conversations: a third is refused, the two go on, and
+        # alpha (no such limit) starts as many as it likes.
+        for n in range(2):
+            kept = await _chat(s, BETA, f"Conversation {n}.", conversation_id=f"beta-{n}")
+            assert kept.status_code == 200
+        await eventually(  # the least of the two workers' views: both have seen them
+            lambda: ascrape(s.client, s.router.url),
+            lambda m: m.get("carryover_tenant_conversations{tenant=beta}") == 2,
+            what="every worker counting beta's two conversations",
+        )
+        refused = await _chat(s, BETA, "A third one.", conversation_id="beta-2")
+        assert refused.json()["error"]["type"] == "RateLimitError"
+        history = [
+            {"role": "user", "content": "Conversation 0."},
+            {"role": "assistant", "content": "x"},
+            {"role": "user", "content": "More."},
+        ]
+        going_on = await s.client.post(
+            s.router.url + "/v1/chat/completions",
+            json={
+                "model": "sim-qwen3",
+                "max_tokens": 8,
+                "messages": history,
+                "conversation_id": "beta-0",
+            },
+            headers=_as(BETA),
+        )
+        assert going_on.status_code == 200, going_on.text
+        for n in range(3):
+            started = await _chat(s, ALPHA, f"Alpha {n}.", conversation_id=f"alpha-{n}")
+            assert started.status_code == 200

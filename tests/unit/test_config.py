@@ -35,7 +35,9 @@ def test_the_readme_example_loads_as_documented(tmp_path: Path) -> None:
     model = config.models[0]
     assert config.redis == "redis://127.0.0.1:6379/0"
     assert config.api_keys == {"sk-team-a": "team-a"} and config.admin_key == "sk-admin"
-    assert config.default_tenant_limits.concurrent_turns == 64 and not config.shared_cache
+    limits = config.default_tenant_limits
+    assert (limits.concurrent_turns, limits.conversations) == (64, 10000)
+    assert not config.shared_cache
     assert (config.held_interval, config.timeouts.health, config.timeouts.keepalive) == (10, 1, 4)
     assert model.record_ttl == 450  # 480 - 5 - 25, as the comment says
     assert model.when_prefill_down == "decode-alone"

@@ -85,3 +85,15 @@ def test_clients_never_read_an_engines_address_but_read_its_4xx() -> None:
     assert EngineFailed("max_tokens is too large", status=400).public_message == (
         "max_tokens is too large"
     )
+
+
+def test_a_tenant_at_its_conversations_limit_may_not_start_another() -> None:
+    gate = _gate(beta=TenantLimits(conversations=2))
+    assert gate.counts_conversations and gate.limited_tenants == ["beta"]
+    gate.conversations = {"beta": 1, "alpha": 50}
+    gate.admit_new("beta")
+    gate.admit_new("alpha")  # no limit of its own, none by default
+    gate.conversations = {"beta": 2}
+    with pytest.raises(TooManyRequests):
+        gate.admit_new("beta")
+    assert not _gate().counts_conversations
