@@ -145,7 +145,10 @@ async def _generate(
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")
     request_id = headers.get("x-request-id") or _new_request_id()
+    client_request_id = None
     if not _forwardable(request_id):
+        # Replaced for the engines; the log keeps the client's, escaped and cut short.
+        client_request_id = ascii(request_id[:128])
         request_id = _new_request_id()
     conversation_hash = services.salts.log_id(tenant, conversation_id) if conversation_id else None
     trace = services.tracing.turn(
@@ -195,6 +198,7 @@ async def _generate(
                 "turn",
                 extra={
                     "request_id": request_id,
+                    "client_request_id": client_request_id,
                     "conversation": conversation_hash,
                     "tenant": tenant,
                     "path": outcome.path if outcome else "error",

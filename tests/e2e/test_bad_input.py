@@ -7,6 +7,7 @@ refusal that left the router unable to serve the next case would fail that case 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,10 @@ async def test_a_request_id_engines_could_not_take_is_replaced(bad_input_stack: 
             headers={b"X-Request-Id": request_id},
         )
         assert r.status_code == 200, (request_id, r.text)
+    # The log keeps what the client sent, escaped, beside the id the engines got.
+    kept = [
+        json.loads(line)["client_request_id"]
+        for line in s.router.log().splitlines()
+        if '"client_request_id": "' in line
+    ]
+    assert "'tab\\there'" in kept and any(k.startswith("'caf") for k in kept), kept

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tests.support.metrics import ascrape
+from tests.support.secrets import register
 from tests.support.stack import Stack, chat_turn, stack
 from tests.support.waiting import eventually
 
@@ -22,6 +23,7 @@ async def _finished(s: Stack, index: int) -> float:
 async def test_a_drain_reaches_every_worker_of_every_replica(
     tmp_path: Path, redis_server: Any
 ) -> None:
+    register("admin-key")
     flags = ("--redis", redis_server.url, "--workers", "2", "--admin-key", "admin-key")
     async with stack(tmp_path, decodes=2, routers=2, router_flags=flags) as s:
         name = urlsplit(s.decode[0].url).netloc

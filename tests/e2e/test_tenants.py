@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.secrets import register
 from tests.support.stack import chat_turn, reference_chat, stack
 
 KEYS = {"sk-alpha-0123456789": "alpha", "sk-beta-9876543210": "beta"}
@@ -13,6 +14,7 @@ TEXT = "Tell me about rivers and stones in an old garden and the gardener who mi
 
 
 def config_file(tmp_path: Path) -> Path:
+    register(*KEYS, "sk-admin-secret")
     path = tmp_path / "carryover.toml"
     keys = ", ".join(f'"{k}" = "{v}"' for k, v in KEYS.items())
     path.write_text(f'[router]\napi_keys = {{ {keys} }}\nadmin_key = "sk-admin-secret"\n')

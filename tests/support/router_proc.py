@@ -39,6 +39,9 @@ class RouterProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        # pytest names the running test here, parameters and all: not the router's business
+        # (and a parameter can be a key, which the scan on stop would rightly find).
+        env.pop("PYTEST_CURRENT_TEST", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "router", "serve", *self.args],
             stdout=log,

@@ -97,3 +97,37 @@ def test_a_tenant_at_its_conversations_limit_may_not_start_another() -> None:
     with pytest.raises(TooManyRequests):
         gate.admit_new("beta")
     assert not _gate().counts_conversations
+
+
+def test_a_model_name_the_engines_have_not_confirmed_is_never_a_label() -> None:
+    """Before the served name is known, the client's name goes to the engines (they judge
+    it) but metrics count under "" and records under one namespace: no label or key per
+    name a client makes up."""
+    from types import SimpleNamespace
+    from typing import cast
+
+    from router.services import Services, conversation_key, resolve_model
+    from router.turn.model import TurnRequest
+
+    config = load_config(["--prefill", "http://p:1", "--decode", "http://d:1"], environ={})
+    services = cast(Services, SimpleNamespace(config=config, model_names={}))
+    resolved = resolve_model(services, "attacker-model-17")
+    assert (resolved.name, resolved.known) == ("attacker-model-17", False)
+    key = conversation_key("t", resolved, "c1")
+    assert key.model == "default"
+    req = TurnRequest(
+        resolved.model,
+        resolved.name,
+        key,
+        {},
+        True,
+        False,
+        False,
+        "r",
+        1,
+        model_name_known=resolved.known,
+    )
+    assert req.model_label == ""
+    services.model_names[id(config.models[0])] = "served"
+    known = resolve_model(services, "served")
+    assert known.known and conversation_key("t", known, "c1").model == "served"
