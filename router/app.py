@@ -44,7 +44,7 @@ from router.services import Services, json_response
 from router.store import check_store, open_store
 from router.tenants.limits import TenantGate
 from router.tenants.salt import salts_of
-from router.tenants.usage import count_conversations_forever
+from router.tenants.usage import read_usage_forever
 from router.tokens.check import TokensCheck, keep_checking
 from router.tracing import Tracing
 from router.turn import TurnRunner
@@ -155,7 +155,7 @@ def create_app(
         )
         counting = (
             asyncio.create_task(
-                count_conversations_forever(
+                read_usage_forever(
                     backend,
                     decode_names,
                     gate,
@@ -164,7 +164,7 @@ def create_app(
                     clock=clock,
                 )
             )
-            if gate.counts_conversations
+            if gate.reads_usage
             else None
         )
         relief = asyncio.create_task(

@@ -312,6 +312,8 @@ class TenantLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             limit); at the limit a turn that would start a new record (no live one for its
             conversation) gets 429, while its live conversations go on. Read from the store
             every ``held_interval``: a soft limit, passed by at most a few turns.
+        pinned_tokens: tokens decode instances pin for its live conversations, fleet-wide
+            (``None``: no limit); at the limit, new conversations get 429 as above.
         priority_min, priority_max: the range its requests' ``priority`` is held to (vLLM
             runs lower values sooner under ``--scheduling-policy priority``); 0 and 0 by
             default, so no client can jump the queue.
@@ -319,11 +321,12 @@ class TenantLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     concurrent_turns: int | None = None
     conversations: int | None = None
+    pinned_tokens: int | None = None
     priority_min: int = 0
     priority_max: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("concurrent_turns", "conversations"):
+        for name in ("concurrent_turns", "conversations", "pinned_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"tenant limits: {name} must be 1 or more")

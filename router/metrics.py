@@ -263,10 +263,18 @@ class RouterMetrics:
             registry=r,
             multiprocess_mode="livemin",
         )
+        self.tenant_pinned_tokens = Gauge(
+            "carryover_tenant_pinned_tokens",
+            "Tokens decode instances pin for each limited tenant's live conversations, "
+            "fleet-wide, as this router last read them (the least of its workers' reads).",
+            ["tenant"],
+            registry=r,
+            multiprocess_mode="livemin",
+        )
         self.tenant_limited = Counter(
             "carryover_tenant_limited",
             "Requests refused with 429 because their tenant was at a limit: concurrent_turns "
-            "(in this router process) or conversations (fleet-wide).",
+            "(in this router process), conversations or pinned_tokens (fleet-wide).",
             ["tenant", "limit"],
             registry=r,
         )

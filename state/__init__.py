@@ -17,7 +17,7 @@ from state.prefix import (
 )
 from state.records import Record
 from state.redis_store import Durability, NotDurable, RedisStore
-from state.store import Committed, Held, Oldest, Store, StoreUnavailable
+from state.store import Committed, Held, Oldest, Store, StoreUnavailable, TenantUsage
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -38,6 +38,7 @@ __all__ = [
     "RedisStore",
     "Store",
     "StoreUnavailable",
+    "TenantUsage",
     "TokenPrefix",
     "block_size_of",
     "chunk_size_for",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from state.keys import ConversationKey
 from state.records import Record
 from state.relief import largest_holders_first
-from state.store import Committed, Held, Oldest
+from state.store import Committed, Held, Oldest, TenantUsage
 
 __all__ = ["MemoryStore"]
 
@@ -127,13 +127,14 @@ class MemoryStore:
             for name in instances
         }
 
-    async def conversations_by_tenant(self, instances: list[str], *, now: float) -> dict[str, int]:
+    async def usage_by_tenant(self, instances: list[str], *, now: float) -> dict[str, TenantUsage]:
         wanted = set(instances)
-        counts: dict[str, int] = {}
+        found: dict[str, tuple[int, int]] = {}
         for key, record in self._records.items():
             if record.decode in wanted and not record.expired(now):
-                counts[key.tenant] = counts.get(key.tenant, 0) + 1
-        return counts
+                count, tokens = found.get(key.tenant, (0, 0))
+                found[key.tenant] = (count + 1, tokens + record.prefix.length)
+        return {tenant: TenantUsage(*usage) for tenant, usage in found.items()}
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         held = [

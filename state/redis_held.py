@@ -1,6 +1,6 @@
 """The Redis store's reads of its held indexes (``ns-held…:{t}:instance``, see
-``state/redis_store.py``): handles held per decode instance, live conversations per tenant,
-and the claims of pressure relief."""
+``state/redis_store.py``): handles held per decode instance, what each tenant holds, and the
+claims of pressure relief."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from state.keys import unescape
 from state.redis_values import decode_value
 from state.relief import largest_holders_first
 from state.resp import Arg, Script
-from state.store import Held, Oldest
+from state.store import Held, Oldest, TenantUsage
 
 if TYPE_CHECKING:
     from state.redis_store import _Shard
@@ -72,24 +72,34 @@ class HeldIndexCalls:
             result[name] = Held(count, oldest, expired, releasable)
         return result
 
-    async def conversations_by_tenant(self, instances: list[str], *, now: float) -> dict[str, int]:
-        # The held indexes by expiry list every live record's key, and keys name tenants.
-        async def listed(shard: _Shard, instance: str) -> list[str]:
-            held = shard.triple(self._namespace, instance)[0]
+    async def usage_by_tenant(self, instances: list[str], *, now: float) -> dict[str, TenantUsage]:
+        # The held indexes by expiry list every live record's key (keys name tenants), and
+        # the tokens hash what D pins for each.
+        async def listed(shard: _Shard, instance: str) -> list[tuple[str, int]]:
+            held, _, _, tokens = shard.index_keys(self._namespace, instance)
             keys = await self._channel.call("ZRANGEBYSCORE", held, f"({now!r}", "+inf")
             prefix = f"{self._namespace}:{{{shard.tag}}}:".encode()
-            return [_tenant_of(key, prefix) for key in keys]
+            found: list[tuple[str, int]] = []
+            for start in range(0, len(keys), 1000):
+                chunk = keys[start : start + 1000]
+                pinned = await self._channel.call("HMGET", tokens, *chunk)
+                found += [
+                    (_tenant_of(key, prefix), int(n) if n is not None else 0)
+                    for key, n in zip(chunk, pinned, strict=True)
+                ]
+            return found
 
         for name in instances:
             self._learn(name)
         every = await self._call(
             lambda: asyncio.gather(*(listed(s, i) for s in self._shards for i in instances))
         )
-        counts: dict[str, int] = {}
-        for tenants in every:
-            for tenant in tenants:
-                counts[tenant] = counts.get(tenant, 0) + 1
-        return counts
+        usage: dict[str, tuple[int, int]] = {}
+        for records in every:
+            for tenant, pinned in records:
+                count, tokens = usage.get(tenant, (0, 0))
+                usage[tenant] = (count + 1, tokens + pinned)
+        return {tenant: TenantUsage(*found) for tenant, found in usage.items()}
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:
         if count <= 0:
@@ -97,7 +107,7 @@ class HeldIndexCalls:
         self._learn(instance)
 
         async def listed(shard: _Shard) -> list[tuple[float, tuple[bytes, _Shard], str]]:
-            since = shard.triple(self._namespace, instance)[1]
+            since = shard.index_keys(self._namespace, instance)[1]
             entries = await self._channel.call("ZRANGE", since, 0, -1, "WITHSCORES")
             prefix = f"{self._namespace}:{{{shard.tag}}}:".encode()
             return [

@@ -3,8 +3,8 @@ them share one hash tag (a shard's, or the epochs'), so each runs on one Cluster
 
 The scripts that write or drop a record keep the held indexes of the decode instance holding
 its blocks in step. They get the indexes of every instance the caller knows in ``KEYS``, in
-triples (held by expiry, held by creation, expired-unclaimed count) after the record's two
-keys, with the instances' names in ``ARGV[2..n+1]`` (``ARGV[1]`` = n). A record whose holder
+fours (held by expiry, held by creation, expired-unclaimed count, pinned tokens by record)
+after the record's two keys, with the instances' names in ``ARGV[2..n+1]`` (``ARGV[1]`` = n). A record whose holder
 is not among them is not touched: the script answers ``{'holder', name}`` and the caller
 sends it again with that instance's keys (it learns the name once).
 """
@@ -28,20 +28,22 @@ end
 -- KEYS index of the holder's first index key; nil when the caller did not pass it.
 local function indexes(name, first)
   for i = 1, n do
-    if ARGV[i + 1] == name then return first + 3 * (i - 1) end
+    if ARGV[i + 1] == name then return first + 4 * (i - 1) end
   end
   return nil
 end
 local function unhold(at, key)
   redis.call('ZREM', KEYS[at], key)
   redis.call('ZREM', KEYS[at + 1], key)
+  redis.call('HDEL', KEYS[at + 3], key)
 end
 """
 
-# KEYS[1] record, KEYS[2] its ended mark, then the index triples. ARGV[base] value,
+# KEYS[1] record, KEYS[2] its ended mark, then the index fours. ARGV[base] value,
 # ARGV[base+1] lifetime in ms, +2 expires_at, +3 created_at, +4 now, +5 when the turn started
 # ('' : unfenced), +6 '1' when pressure relief may take it (listed by creation time), '0' for
-# a shadowed record (Record.shadowed: counted as held, never chosen by relief). Byte-wise comparison of the fixed-width big-endian turns orders them.
+# a shadowed record (Record.shadowed: counted as held, never chosen by relief), +7 the tokens
+# D pins for it. Byte-wise comparison of the fixed-width big-endian turns orders them.
 COMMIT = Script(
     _HELPERS
     + """
@@ -76,6 +78,7 @@ if previous and tonumber(previous) <= tonumber(ARGV[base + 4]) then
   redis.call('INCR', KEYS[at + 2])
 end
 redis.call('ZADD', KEYS[at], ARGV[base + 2], KEYS[1])
+redis.call('HSET', KEYS[at + 3], KEYS[1], ARGV[base + 7])
 if ARGV[base + 6] == '1' then
   redis.call('ZADD', KEYS[at + 1], ARGV[base + 3], KEYS[1])
 else
@@ -84,7 +87,7 @@ end
 -- An index outlives its newest record by an hour, time for a reader to count what expired
 -- unclaimed in it; one of an instance no longer configured goes away after that.
 local lifetime = tonumber(ARGV[base + 1]) + 3600000
-for i = at, at + 2 do
+for i = at, at + 3 do
   if redis.call('PTTL', KEYS[i]) < lifetime then
     redis.call('PEXPIRE', KEYS[i], lifetime)
   end
@@ -94,7 +97,7 @@ return {1, current}
 """
 )
 
-# KEYS[1] record, KEYS[2] its ended mark, then the index triples. Get-and-delete, and the
+# KEYS[1] record, KEYS[2] its ended mark, then the index fours. Get-and-delete, and the
 # holder forgets it. With ARGV[base] (now) and ARGV[base+1] (fence in ms), commits of turns
 # started before now are refused while the ended mark lives.
 CLAIM = Script(
@@ -115,9 +118,9 @@ return {1, value}
 """
 )
 
-# KEYS[1..m] records of one shard (m = ARGV[base]), then the index triples. Claims each as
+# KEYS[1..m] records of one shard (m = ARGV[base]), then the index fours. Claims each as
 # CLAIM does; a record that is gone (claimed meanwhile, or expired unclaimed) leaves its
-# expiry entry for HELD to count, and its creation entry is dropped.
+# expiry entry for HELD to count, and its creation and tokens entries are dropped.
 CLAIM_MANY = Script(
     _HELPERS
     + """
@@ -134,7 +137,8 @@ for k = 1, m do
     table.insert(out, value)
   else
     for i = 1, n do
-      redis.call('ZREM', KEYS[m + 3 * (i - 1) + 2], KEYS[k])
+      redis.call('ZREM', KEYS[m + 4 * (i - 1) + 2], KEYS[k])
+      redis.call('HDEL', KEYS[m + 4 * (i - 1) + 4], KEYS[k])
     end
   end
 end
@@ -142,18 +146,20 @@ return {1, out}
 """
 )
 
-# The index triples of one shard; ARGV[1] now. Drops what expired (records that expired
+# The index fours of one shard; ARGV[1] now. Drops what expired (records that expired
 # unclaimed: each is dropped, and so counted, by exactly one reader); returns the count, the
 # oldest creation time of those relief may take, how many were dropped, and how many relief
 # may take (not shadowed), per instance.
 HELD = Script(
     """
 local out = {}
-for i = 1, #KEYS, 3 do
+for i = 1, #KEYS, 4 do
   local expired = redis.call('ZRANGEBYSCORE', KEYS[i], '-inf', ARGV[1])
   -- In slices: unpack() of a long list overflows Lua's stack.
   for j = 1, #expired, 1000 do
-    redis.call('ZREM', KEYS[i + 1], unpack(expired, j, math.min(j + 999, #expired)))
+    local slice = {unpack(expired, j, math.min(j + 999, #expired))}
+    redis.call('ZREM', KEYS[i + 1], unpack(slice))
+    redis.call('HDEL', KEYS[i + 3], unpack(slice))
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', ARGV[1])
   local oldest = redis.call('ZRANGE', KEYS[i + 1], 0, 0, 'WITHSCORES')

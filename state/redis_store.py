@@ -9,7 +9,8 @@ record, its ended mark and the held indexes it is listed in share one Cluster sl
 * ``ns-ended:{t}:…``: the mark of a conversation ended by DELETE.
 * ``ns-held:{t}:instance`` / ``ns-held-since:{t}:instance``: sorted sets of the shard's
   record keys whose blocks that decode instance holds, scored by expiry and by creation
-  time; ``ns-held-expired:{t}:instance`` counts entries found expired unclaimed. The scripts
+  time; ``ns-held-expired:{t}:instance`` counts entries found expired unclaimed;
+  ``ns-held-tokens:{t}:instance`` is a hash of the tokens D pins for each record. The scripts
   keep them in step with the records, so "handles held per decode instance and their age" is
   one small script per shard, never a scan.
 * ``ns-epoch:{epochs}:instance`` (and ``…:identity``): one slot for every epoch, read by one
@@ -67,17 +68,19 @@ class NotDurable(StoreUnavailable):
 
 
 class _Shard:
-    """The keys of one shard: its tag, and the held-index triples per instance (built once)."""
+    """The keys of one shard: its tag, and the held indexes per instance (built once)."""
 
     __slots__ = ("indexes", "keys", "known", "tag")
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
-        self.indexes: dict[str, tuple[str, str, str]] = {}
+        self.indexes: dict[str, tuple[str, str, str, str]] = {}
         self.known: list[str] | None = None  #: the instance list ``keys`` was built for
         self.keys: list[Arg] = []
 
-    def triple(self, namespace: str, instance: str) -> tuple[str, str, str]:
+    def index_keys(self, namespace: str, instance: str) -> tuple[str, str, str, str]:
+        """``instance``'s indexes here: held by expiry, by creation, the expired-unclaimed
+        count, and the tokens D pins per record."""
         found = self.indexes.get(instance)
         if found is None:
             held = f"{namespace}-held:{{{self.tag}}}:{instance}"
@@ -85,6 +88,7 @@ class _Shard:
                 held,
                 f"{namespace}-held-since:{{{self.tag}}}:{instance}",
                 f"{namespace}-held-expired:{{{self.tag}}}:{instance}",
+                f"{namespace}-held-tokens:{{{self.tag}}}:{instance}",
             )
         return found
 
@@ -168,7 +172,7 @@ class RedisStore(FleetCalls, HeldIndexCalls):
     def _indexes(self, shard: _Shard, instances: Sequence[str]) -> list[Arg]:
         keys: list[Arg] = []
         for name in instances:
-            keys += shard.triple(self._namespace, name)
+            keys += shard.index_keys(self._namespace, name)
         return keys
 
     # calls
@@ -257,6 +261,7 @@ class RedisStore(FleetCalls, HeldIndexCalls):
                 repr(now),
                 repr(started_at) if started_at is not None else "",
                 "0" if record.shadowed else "1",
+                record.prefix.length,
             ],
         )
         written, replaced, *ended = reply

@@ -67,6 +67,13 @@ class Oldest(msgspec.Struct, frozen=True):
     withheld: int = 0
 
 
+class TenantUsage(msgspec.Struct, frozen=True):
+    """What one tenant holds: live conversation records, and the tokens D pins for them."""
+
+    conversations: int = 0
+    pinned_tokens: int = 0
+
+
 @runtime_checkable
 class Store(Protocol):
     """Conversation records and decode-instance epochs.
@@ -123,9 +130,9 @@ class Store(Protocol):
         """Live (unexpired, unclaimed) records by the decode instance holding their blocks."""
         ...
 
-    async def conversations_by_tenant(self, instances: list[str], *, now: float) -> dict[str, int]:
-        """Live records by tenant, over those whose blocks ``instances`` hold (every record
-        names its decode instance)."""
+    async def usage_by_tenant(self, instances: list[str], *, now: float) -> dict[str, TenantUsage]:
+        """Live records and the tokens decode instances pin for them, by tenant, over the
+        records whose blocks ``instances`` hold (every record names its decode instance)."""
         ...
 
     async def claim_oldest(self, instance: str, count: int, *, now: float) -> Oldest:

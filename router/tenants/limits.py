@@ -4,8 +4,9 @@ ask the engines for.
 
 Concurrent turns are counted per router process (a worker): a fleet-wide count would cost a
 store round trip per turn. The fleet's limit for a tenant is therefore ``concurrent_turns``
-times the workers of all replicas; set it with that in mind. Conversations are counted
-fleet-wide, from the store, every ``held_interval`` (``router/tenants/usage.py``).
+times the workers of all replicas; set it with that in mind. What a tenant holds
+(conversations, pinned tokens) is read fleet-wide from the store every ``held_interval``
+(``router/tenants/usage.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from router.config import RouterConfig, TenantLimits
 from router.errors import BadRequest, TooManyRequests
+from state import TenantUsage
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -29,24 +31,26 @@ class TenantGate:
         self._default = config.default_tenant_limits
         self._limits = config.tenant_limits
         self._running: dict[str, int] = {}
-        #: live conversations by tenant, fleet-wide, as last read from the store
-        self.conversations: dict[str, int] = {}
+        #: what each tenant holds, fleet-wide, as last read from the store
+        self.usage: dict[str, TenantUsage] = {}
+
+    @staticmethod
+    def _limits_holdings(limits: TenantLimits) -> bool:
+        return limits.conversations is not None or limits.pinned_tokens is not None
 
     @property
-    def counts_conversations(self) -> bool:
-        """Whether any tenant's conversations are limited (else they are never read)."""
-        limits = [self._default, *self._limits.values()]
-        return any(limit.conversations is not None for limit in limits)
+    def reads_usage(self) -> bool:
+        """Whether any tenant's holdings are limited (else they are never read)."""
+        return any(map(self._limits_holdings, [self._default, *self._limits.values()]))
 
     @property
     def limited_tenants(self) -> list[str]:
-        """The tenants with a conversations limit of their own or the default's, by name (the
-        default's: every tenant seen holding a conversation)."""
-        named = [t for t, limit in self._limits.items() if limit.conversations is not None]
-        if self._default.conversations is None:
+        """The tenants whose holdings are limited, by their own limits or the default's (the
+        default's: every tenant seen holding something)."""
+        named = [t for t, limits in self._limits.items() if self._limits_holdings(limits)]
+        if not self._limits_holdings(self._default):
             return named
-        unnamed = [t for t in self.conversations if t not in self._limits]
-        return named + unnamed
+        return named + [t for t in self.usage if t not in self._limits]
 
     def limits(self, tenant: str) -> TenantLimits:
         return self._limits.get(tenant, self._default)
@@ -68,15 +72,21 @@ class TenantGate:
 
     def admit_new(self, tenant: str) -> None:
         """A turn would store a new conversation record for ``tenant``: 429 when the tenant
-        holds its limit of live conversations already."""
-        limit = self.limits(tenant).conversations
-        if limit is not None and self.conversations.get(tenant, 0) >= limit:
-            self._refused(tenant, "conversations")
-            raise TooManyRequests(
-                f"this API key holds {limit} live conversations already; end some "
-                "(DELETE /v1/conversations/{id}) or continue existing ones",
-                param="conversation_id",
-            )
+        holds its limit of live conversations, or of pinned tokens, already."""
+        limits = self.limits(tenant)
+        held = self.usage.get(tenant, TenantUsage())
+        for name, limit, holds in (
+            ("conversations", limits.conversations, held.conversations),
+            ("pinned_tokens", limits.pinned_tokens, held.pinned_tokens),
+        ):
+            if limit is not None and holds >= limit:
+                self._refused(tenant, name)
+                raise TooManyRequests(
+                    f"this API key holds its limit of {limit} {name.replace('_', ' ')} "
+                    "already; end conversations (DELETE /v1/conversations/{id}) or continue "
+                    "existing ones",
+                    param="conversation_id",
+                )
 
     def _refused(self, tenant: str, limit: str) -> None:
         if self._limited is not None:

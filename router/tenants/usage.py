@@ -1,5 +1,5 @@
-"""Keeps each router process's view of the tenants' live conversations (fleet-wide, from the
-store) for the ``conversations`` limit (router/tenants/limits.py)."""
+"""Keeps each router process's view of what every tenant holds (fleet-wide, from the store):
+live conversations and pinned decode tokens, for the limits of router/tenants/limits.py."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from collections.abc import Callable
 
 from router.metrics import RouterMetrics
 from router.tenants.limits import TenantGate
-from state import Store, StoreUnavailable
+from state import Store, StoreUnavailable, TenantUsage
 
-__all__ = ["count_conversations_forever"]
+__all__ = ["read_usage_forever"]
 
 log = logging.getLogger("carryover.tenants")
 
 
-async def count_conversations_forever(
+async def read_usage_forever(
     store: Store,
     decode_names: list[str],
     gate: TenantGate,
@@ -25,13 +25,15 @@ async def count_conversations_forever(
     interval: float,
     clock: Callable[[], float],
 ) -> None:
-    """Every ``interval``: one read of the live records by tenant. A failed read keeps the
-    last view (the limit is soft either way)."""
+    """Every ``interval``: one read of what each tenant holds. A failed read keeps the last
+    view (the limits are soft either way)."""
     while True:
         try:
-            gate.conversations = await store.conversations_by_tenant(decode_names, now=clock())
+            gate.usage = await store.usage_by_tenant(decode_names, now=clock())
             for tenant in gate.limited_tenants:
-                metrics.tenant_conversations.labels(tenant).set(gate.conversations.get(tenant, 0))
+                held = gate.usage.get(tenant, TenantUsage())
+                metrics.tenant_conversations.labels(tenant).set(held.conversations)
+                metrics.tenant_pinned_tokens.labels(tenant).set(held.pinned_tokens)
         except StoreUnavailable as exc:
             metrics.store_errors.labels("tenant_usage").inc()
             log.debug("tenants' conversations not read: %s", exc)

@@ -12,7 +12,15 @@ import msgspec
 import pytest
 
 from bench.redis_server import RedisServer
-from state import Committed, ConversationKey, Held, MemoryStore, RedisStore, Store
+from state import (
+    Committed,
+    ConversationKey,
+    Held,
+    MemoryStore,
+    RedisStore,
+    Store,
+    TenantUsage,
+)
 from tests.support.records import make_record
 from tests.support.waiting import eventually
 
@@ -279,7 +287,7 @@ async def test_relief_takes_the_largest_holders_oldest_first(store: Store) -> No
     assert sorted(r.created_at for r in taken) == [now - 100, now - 47]
 
 
-async def test_live_conversations_are_counted_by_tenant(store: Store) -> None:
+async def test_what_each_tenant_holds_is_counted(store: Store) -> None:
     now = time.time()
     for tenant, names in (("acme", ["c1", "c2", "c3"]), ("odd:te%3Ant", ["c1"])):
         for name in names:
@@ -290,8 +298,17 @@ async def test_live_conversations_are_counted_by_tenant(store: Store) -> None:
         lambda: store.get(key("gone", tenant="acme")), lambda r: r is None, what="an expiry"
     )
     assert await store.claim(key("c3")) is not None  # claimed: no longer live
-    counts = await store.conversations_by_tenant(["d4", "d5"], now=time.time())
-    assert counts == {"acme": 3, "odd:te%3Ant": 1}
+    usage = await store.usage_by_tenant(["d4", "d5"], now=time.time())
+    pinned = make_record(1).prefix.length
+    assert usage == {
+        "acme": TenantUsage(3, 3 * pinned),
+        "odd:te%3Ant": TenantUsage(1, pinned),
+    }
+    # What relief or a later turn replaces leaves the counts too.
+    await store.commit(key("c1"), make_record(2, decode="d5"), now=time.time())
+    await store.claim_oldest("d5", 10, now=time.time())
+    usage = await store.usage_by_tenant(["d4", "d5"], now=time.time())
+    assert usage["acme"] == TenantUsage(1, pinned)
 
 
 async def test_two_replicas_relieving_one_instance_never_take_a_record_twice(

@@ -16,6 +16,7 @@ from router.errors import (
 )
 from router.tenants.limits import TenantGate
 from router.tenants.salt import CacheSalts, check_client_salt
+from state import TenantUsage
 
 
 def test_salts_differ_by_tenant_and_client_salt_and_no_pair_passes_for_another() -> None:
@@ -87,16 +88,18 @@ def test_clients_never_read_an_engines_address_but_read_its_4xx() -> None:
     )
 
 
-def test_a_tenant_at_its_conversations_limit_may_not_start_another() -> None:
-    gate = _gate(beta=TenantLimits(conversations=2))
-    assert gate.counts_conversations and gate.limited_tenants == ["beta"]
-    gate.conversations = {"beta": 1, "alpha": 50}
+def test_a_tenant_at_a_holdings_limit_may_not_start_another_conversation() -> None:
+    gate = _gate(beta=TenantLimits(conversations=2), gamma=TenantLimits(pinned_tokens=10_000))
+    assert gate.reads_usage and gate.limited_tenants == ["beta", "gamma"]
+    gate.usage = {"beta": TenantUsage(1, 9), "alpha": TenantUsage(50, 10**9)}
     gate.admit_new("beta")
+    gate.admit_new("gamma")
     gate.admit_new("alpha")  # no limit of its own, none by default
-    gate.conversations = {"beta": 2}
-    with pytest.raises(TooManyRequests):
-        gate.admit_new("beta")
-    assert not _gate().counts_conversations
+    gate.usage = {"beta": TenantUsage(2, 9), "gamma": TenantUsage(1, 10_000)}
+    for tenant in ("beta", "gamma"):
+        with pytest.raises(TooManyRequests):
+            gate.admit_new(tenant)
+    assert not _gate().reads_usage
 
 
 def test_a_model_name_the_engines_have_not_confirmed_is_never_a_label() -> None:
