@@ -20,6 +20,7 @@ from router.errors import (
     CarryoverError,
     ClientGone,
     EngineUnavailable,
+    TooManyRequests,
     http_error_type,
 )
 from router.openai import ChatView, parse_body
@@ -174,7 +175,11 @@ async def _generate(
         trace=trace,
         started_at=services.clock(),
     )
-    services.gate.enter(tenant)
+    try:
+        services.gate.enter(tenant)
+    except TooManyRequests as exc:
+        trace.end(type(exc).__name__)
+        raise
     services.in_flight += 1
     started = time.perf_counter()
     outcome = None
