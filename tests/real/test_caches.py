@@ -275,7 +275,9 @@ async def test_a_second_tenants_identical_prompt_computes_every_token(
 
         await send("sk-tenant-a-5e1d")
         b = await send("sk-tenant-b-93c0")
-        assert b[HITS] == 0 and b[COMPUTED] == len(prompt)
+        # No token of B's came from a cache. (P may compute a token more meanwhile: an earlier
+        # test's handle release is a one-token request through P, sent in the background.)
+        assert b[HITS] == 0 and b[COMPUTED] >= len(prompt)
         a = await send("sk-tenant-a-5e1d")
         assert a[HITS] == len(prompt) // BLOCK * BLOCK
     finally:
