@@ -3,6 +3,8 @@ state, a 5-turn workload with and without reuse, and the turn-by-turn TTFT repor
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import sys
 import time
 from collections.abc import Sequence
@@ -14,7 +16,20 @@ from bench.workload import Distribution, WorkloadSpec, generate
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    out = Path(argv[0]) if argv else Path("results/demo")
+    parser = argparse.ArgumentParser(
+        prog="carryover demo",
+        description="Simulated P/D engines and a router with in-process state: the same "
+        "multi-turn workload with and without reuse, and a turn-by-turn TTFT report.",
+    )
+    parser.add_argument(
+        "out", nargs="?", type=Path, default=Path("results/demo"), help="default results/demo"
+    )
+    out: Path = parser.parse_args(list(argv)).out
+    if importlib.util.find_spec("matplotlib") is None:  # the plot comes last: say so first
+        raise SystemExit(
+            "carryover demo: the benchmark extra is missing (matplotlib): "
+            "pip install 'carryover[bench]' (make demo installs it)"
+        )
     spec = WorkloadSpec(
         conversations=16,
         turns=5,

@@ -7,12 +7,23 @@ without the ``bench`` extra (plotting) installed.
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
 __all__ = ["main"]
 
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("carryover")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "(not installed)"
+
+
 _USAGE = """usage: carryover COMMAND [ARGS]
+
+  carryover --version
 
 commands:
   serve   run the router in front of vLLM prefill/decode instances
@@ -29,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_USAGE)
+        return
+    if args[0] in ("-V", "--version"):
+        print(f"carryover {_version()}")
         return
     command, rest = args[0], args[1:]
     if command == "serve":

@@ -51,6 +51,7 @@ from router.turn import TurnRunner
 from router.turn.services import Planner
 from router.upstream import Upstream
 from state import Store, plan
+from state.resp import redacted_url
 
 if TYPE_CHECKING:
     import httpx
@@ -204,6 +205,7 @@ def create_app(
         draining = asyncio.create_task(
             refresh_draining_forever(backend, pool, metrics_, config.health_interval)
         )
+        log.info("serving", extra=_summary(config, backend))
         trim_heap()  # what startup parsed and dropped (the tokenizer's files)
         try:
             yield
@@ -254,6 +256,30 @@ def create_app(
         request_max_body_size=config.max_body_bytes,
         logging_config=None,
     )
+
+
+def _summary(config: RouterConfig, store: Store) -> dict[str, Any]:
+    """What this process serves, in the one line it logs at startup."""
+    durability = getattr(store, "durability", None)
+    return {
+        "listen": f"{config.host}:{config.port}",
+        "workers": config.workers,
+        "models": [
+            {
+                "name": model.name or "(asked from the engines)",
+                "prefill": [i.label for i in model.prefill],
+                "decode": [i.label for i in model.decode],
+                "render": model.render.backend,
+                "engine_api": model.engine_api,
+                "kv_events": sum(1 for i in (*model.prefill, *model.decode) if i.kv_events),
+            }
+            for model in config.models
+        ],
+        "store": redacted_url(config.redis) if config.redis else "in-process",
+        "durability": str(durability) if durability is not None else None,
+        "tenants": len(set(config.api_keys.values())) or "none (no keys)",
+        "shared_cache": config.shared_cache,
+    }
 
 
 def _import_planner(path: str) -> Planner:

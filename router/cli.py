@@ -14,21 +14,29 @@ import tempfile
 import tomllib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import msgspec
 
-from router.config import CONFIG_ENV, ConfigError, RouterConfig
+from router.config import CONFIG_ENV, LOG_LEVELS, ConfigError, RouterConfig
 from router.metrics import MULTIPROC_ENV
+from state.redis_url import parse_redis_url
 
 __all__ = ["load_config", "main"]
 
 _ENV_PREFIX = "CARRYOVER_"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad flag is one line naming it (``ConfigError``), not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
 def _serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="carryover serve", description="Run the router.")
+    p = _Parser(prog="carryover serve", description="Run the router.")
     p.add_argument("--config", type=Path, help="TOML file (flags override it)")
     p.add_argument("--host")
     p.add_argument("--port", type=int)
@@ -159,7 +167,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cache-salt-key-file", metavar="FILE", help="the key of the tenants' salts")
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--log-level")
+    p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, help="default info")
     return p
 
 
@@ -375,9 +383,15 @@ def load_config(argv: Sequence[str], environ: dict[str, str] | None = None) -> R
             _assign_per_instance(models, field_name, pairs)
     router["models"] = models
     try:
-        return msgspec.convert(router, RouterConfig)
+        config = msgspec.convert(router, RouterConfig)
     except msgspec.ValidationError as exc:
         raise ConfigError(str(exc)) from exc
+    if config.redis is not None:
+        try:
+            parse_redis_url(config.redis)
+        except ValueError as exc:
+            raise ConfigError(f"redis: {exc}") from exc
+    return config
 
 
 def _serve(argv: Sequence[str]) -> None:

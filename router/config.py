@@ -13,6 +13,7 @@ import msgspec
 
 __all__ = [
     "CONFIG_ENV",
+    "LOG_LEVELS",
     "ConfigError",
     "InstanceConfig",
     "ModelConfig",
@@ -32,6 +33,10 @@ CONFIG_ENV = "CARRYOVER_SERVE_CONFIG_FILE"
 
 #: vLLM declines a D->P read within this many seconds of D's deadline (pull_worker.py:31-33).
 VLLM_EXPIRY_MARGIN = 5.0
+
+
+#: What ``log_level`` may be (Python's level names; uvicorn's too).
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def _loopback(host: str) -> bool:
@@ -68,6 +73,14 @@ class InstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kv_events_replay: str | None = None
 
     def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme == "https":
+            raise ConfigError(
+                f"engine URL {self.url!r}: https:// engines are not supported (the router speaks "
+                "plain HTTP/1.1 to its engines: keep them on a private network); use http://"
+            )
+        if parts.scheme != "http" or not parts.hostname:
+            raise ConfigError(f"engine URL {self.url!r}: want http://HOST:PORT")
         for endpoint in (self.kv_events, self.kv_events_replay):
             if endpoint is not None and not endpoint.startswith(("tcp://", "ipc://")):
                 raise ConfigError(f"KV event endpoints are tcp:// or ipc:// URLs, not {endpoint!r}")
@@ -436,6 +449,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("affinity_slack and affinity_tokens_per_load must be 0 or more")
         if not 0 < self.decode_kv_low_water < self.decode_kv_high_water:
             raise ConfigError("decode_kv_low_water must be above 0 and below decode_kv_high_water")
+        if self.log_level.lower() not in LOG_LEVELS:
+            raise ConfigError(f"log_level {self.log_level!r}: one of {', '.join(LOG_LEVELS)}")
         if not self.api_keys and not self.allow_unauthenticated and not _loopback(self.host):
             raise ConfigError(
                 f"host {self.host!r} serves beyond this machine with no api_keys: everyone "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,7 @@ async def test_a_conversation_id_with_slashes_can_be_inspected_and_ended(tmp_pat
             "released": True,
         }
         assert (await s.client.get(s.router.url + url, headers=admin)).status_code == 404
+        # The one line a start logs says what this process serves.
+        serving = [json.loads(x) for x in s.router.log().splitlines() if '"msg": "serving"' in x]
+        assert len(serving) == 1 and serving[0]["tenants"] == 2, serving
+        assert serving[0]["store"] == "in-process" and serving[0]["models"][0]["decode"]
