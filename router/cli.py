@@ -6,6 +6,7 @@ This module is the only one that reads argv, the environment and config files.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import math
 import os
@@ -402,10 +403,32 @@ def _serve(argv: Sequence[str]) -> None:
     import uvicorn
 
     config = load_config(argv)
+    _preflight(config)
     for name in _SECRET_ENV:  # read: the workers must not inherit them
         os.environ.pop(_ENV_PREFIX + name, None)
     with _private_config(config), _worker_metrics(config.workers or 1):
         _run_uvicorn(uvicorn, config)
+
+
+def _preflight(config: RouterConfig) -> None:
+    """What would stop every worker as it starts, checked once here first: a failure is one
+    line and exit 2 however many workers there are (uvicorn's supervisor of several workers
+    exits 0 when they fail). An unreachable store is not one: turns are served cold."""
+    from router.store import check_store, open_store
+    from router.tenants.salt import salts_of
+
+    salts_of(config)
+    if config.redis is None:
+        return
+
+    async def check() -> None:
+        store = open_store(config)
+        try:
+            await check_store(store, config)
+        finally:
+            await store.close()
+
+    asyncio.run(check())
 
 
 #: Variables that may hold a key or a password (files are the recommended way).
