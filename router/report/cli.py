@@ -24,29 +24,60 @@ from router.report.prometheus import PrometheusError, window
 from router.report.samples import Samples, delta, merge, scrape
 from router.report.summary import Report, markdown, summarize
 
-__all__ = ["main", "parse_duration"]
+__all__ = ["Unreadable", "main", "parse_duration"]
 
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class Unreadable(Exception):
+    """A router's ``/metrics`` could not be read; ``url`` names it."""
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        super().__init__(f"cannot read {url}: {cause}")
+        self.url = url
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``1h`` in seconds."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    """``90``, ``90s``, ``15m``, ``1h``, ``1d`` in seconds."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if found is None:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 15m, 1h)")
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30s, 15m, 1h, 1d)")
     return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+def _read(url: str) -> tuple[Samples, frozenset[str]]:
+    try:
+        return scrape(url)
+    except httpx.HTTPError as exc:
+        raise Unreadable(url, exc) from exc
+
+
+def _say(text: str) -> None:
+    """What the report is doing, on stderr (stdout holds the report, JSON perhaps)."""
+    print(f"carryover report: {text}", file=sys.stderr, flush=True)
+
+
+def _check_targets(urls: list[str], scrapes: list[tuple[Samples, frozenset[str]]]) -> None:
+    for url, (samples, _) in zip(urls, scrapes, strict=True):
+        if not any(name.startswith("carryover_") for name, _ in samples):
+            _say(f"warning: {url} exposes no carryover metrics: is it a carryover router?")
 
 
 def _from_routers(
     urls: list[str], since: float, watch: bool, sleep: Callable[[float], None]
 ) -> Iterator[Report]:
-    earlier = [scrape(url) for url in urls]
+    earlier = [_read(url) for url in urls]
+    _check_targets(urls, earlier)
     if since <= 0:
         yield summarize(merge(now for now, _ in earlier), window_s=None, routers=len(urls))
         return
     while True:
+        _say(
+            f"read {len(urls)} router(s); the report is of the next {_spoken(since)} "
+            "(--since 0: at once, since the routers started)"
+        )
         sleep(since)  # the window itself: the report is of what happens in it
-        later = [scrape(url) for url in urls]
+        later = [_read(url) for url in urls]
         gauges = frozenset().union(*(g for _, g in later))
         samples: Samples = merge(
             delta(now, before, gauges) for (now, _), (before, _) in zip(later, earlier, strict=True)
@@ -55,6 +86,13 @@ def _from_routers(
         if not watch:
             return
         earlier = later
+
+
+def _spoken(seconds: float) -> str:
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _from_prometheus(
@@ -97,7 +135,13 @@ def main(argv: Sequence[str] | None = None, *, sleep: Callable[[float], None] = 
         metavar="MATCHERS",
         help='with --prometheus: label matchers of the fleet\'s series, e.g. job="carryover"',
     )
-    p.add_argument("--since", type=parse_duration, default=parse_duration("15m"))
+    p.add_argument(
+        "--since",
+        type=parse_duration,
+        default=parse_duration("15m"),
+        help="the window: 30s, 15m, 1h, 1d (default 15m; 0: everything since the routers "
+        "started, at once)",
+    )
     p.add_argument("--watch", action="store_true", help="a new report every --since")
     p.add_argument("--count", type=int, metavar="N", help="with --watch: stop after N reports")
     p.add_argument("--json", action="store_true", help="JSON instead of Markdown")
@@ -121,11 +165,14 @@ def main(argv: Sequence[str] | None = None, *, sleep: Callable[[float], None] = 
             shown += 1
             if args.count is not None and shown >= args.count:
                 break
+    except Unreadable as exc:
+        _say(str(exc))
+        raise SystemExit(1) from exc
     except httpx.HTTPError as exc:
-        print(f"carryover report: cannot read metrics: {exc}", file=sys.stderr)
+        _say(f"cannot read {args.prometheus}: {exc}")
         raise SystemExit(1) from exc
     except PrometheusError as exc:
-        print(f"carryover report: Prometheus refused the query: {exc}", file=sys.stderr)
+        _say(f"Prometheus at {args.prometheus} refused the query: {exc}")
         raise SystemExit(1) from exc
     except KeyboardInterrupt:  # the way out of --watch
         return

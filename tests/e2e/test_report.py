@@ -14,6 +14,8 @@ import pytest
 
 from router.report.cli import main as report_main
 from tests.support.metrics import ascrape
+from tests.support.ports import free_port
+from tests.support.sims import running, sim_config
 from tests.support.stack import alternating_conversations, chat_turn, p_pulled, stack
 from tests.support.waiting import eventually
 
@@ -138,3 +140,21 @@ def test_report_options_that_do_not_go_together_are_refused(
         report_main(args)
     assert refused.value.code == 2
     assert complaint in capsys.readouterr().err
+
+
+async def test_report_says_what_it_waits_for_and_names_what_it_cannot_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with running(sim_config(None)) as engine:
+        waited: list[float] = []
+        args = ["--metrics", engine.url, "--since", "1d", "--json"]
+        await asyncio.to_thread(report_main, args, sleep=waited.append)
+        said = capsys.readouterr().err
+        assert waited == [86400.0] and "the next 1d" in said
+        # An engine is no router: said, with its URL.
+        assert f"{engine.url} exposes no carryover metrics" in said
+    gone = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(SystemExit) as failed:
+        await asyncio.to_thread(report_main, ["--metrics", gone, "--since", "0"])
+    assert failed.value.code == 1
+    assert f"cannot read {gone}" in capsys.readouterr().err

@@ -69,6 +69,7 @@ def test_two_scrapes_give_what_happened_between_them_and_survive_a_restart() -> 
 
 
 def test_durations() -> None:
-    assert [parse_duration(t) for t in ("90", "30s", "15m", "1h", "0")] == [90, 30, 900, 3600, 0]
+    durations = ("90", "30s", "15m", "1h", "1d", "0")
+    assert [parse_duration(t) for t in durations] == [90, 30, 900, 3600, 86400, 0]
     with pytest.raises(argparse.ArgumentTypeError):
         parse_duration("soon")
