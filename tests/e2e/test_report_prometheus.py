@@ -84,7 +84,7 @@ async def test_prometheus_gives_the_routers_report_and_exact_windows(
                 report_main, ["--prometheus", prom.url, "--match", "job=", "--since", "0"]
             )
         assert refused.value.code == 1
-        assert "Prometheus refused the query" in capsys.readouterr().err
+        assert f"Prometheus at {prom.url} refused the query" in capsys.readouterr().err
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
