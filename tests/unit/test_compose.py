@@ -183,7 +183,9 @@ def test_only_routers_and_grafana_are_published(compose: dict[str, Any]) -> None
             assert service["ports"] == ["3000:3000"]
         else:
             assert "ports" not in service, f"{name} publishes a port"
-            assert service["networks"] == ["engines"]
+            # On the engines' network; those that download a model also on egress.
+            downloads = "HF_TOKEN" in (service.get("environment") or {})
+            assert service["networks"] == (["engines", "egress"] if downloads else ["engines"])
 
 
 def test_the_observability_profile_scrapes_every_router_and_engine_and_shows_the_dashboard(
@@ -226,3 +228,20 @@ def test_dockerfile_runs_locked_and_unprivileged() -> None:
     dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
     assert "uv sync --frozen --no-dev" in dockerfile
     assert "USER carryover" in dockerfile and 'ENTRYPOINT ["carryover"]' in dockerfile
+
+
+def test_every_service_that_downloads_a_model_can_reach_the_internet(
+    compose: dict[str, Any],
+) -> None:
+    """A service given HF_TOKEN downloads its model at the first start: it needs a network
+    that is not internal (an engines-only service could not), and publishes no port there."""
+    internal = {name for name, net in compose["networks"].items() if (net or {}).get("internal")}
+    downloading = [
+        (name, service)
+        for name, service in compose["services"].items()
+        if "HF_TOKEN" in (service.get("environment") or {})
+    ]
+    assert downloading
+    for name, service in downloading:
+        assert set(service["networks"]) - internal, name
+        assert not service.get("ports"), name
