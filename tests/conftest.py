@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, settings
 from bench.redis_server import RedisServer
 from bench.redis_topologies import RedisCluster, RedisSentinels
 from tests.support.reaper import start_watchdog
+from tests.support.secrets import REDIS_PASSWORD
 
 # Property tests judge answers, not speed: no per-example deadline and no "too slow" health
 # check, which a loaded 2-core machine would trip.
@@ -40,6 +41,19 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of this test's own, free to be killed and restarted."""
     server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def protected_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own that wants ``REDIS_PASSWORD``."""
+    server = RedisServer(
+        tmp_path / "protected-redis",
+        extra=["--requirepass", REDIS_PASSWORD],
+        auth=("default", REDIS_PASSWORD),
+    )
     server.start()
     yield server
     server.kill()

@@ -5,25 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from bench.redis_server import RedisServer
-from tests.support.secrets import register
-
-PASSWORD = "right-pw-5d1c7e"
-
-
-@pytest.fixture
-def protected_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(
-        tmp_path / "redis", extra=["--requirepass", PASSWORD], auth=("default", PASSWORD)
-    )
-    server.start()
-    yield server
-    server.kill()
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +22,6 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
 def test_credentials_redis_refuses_stop_two_workers_in_one_line(
     protected_redis: RedisServer, tmp_path: Path
 ) -> None:
-    register(PASSWORD)
     wrong = tmp_path / "password"
     wrong.write_text("wrong-pw-0000")
     config = tmp_path / "carryover.toml"

@@ -7,32 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
+from tests.support.secrets import REDIS_PASSWORD as PASSWORD
 from tests.support.secrets import register
 from tests.support.stack import Stack, chat_turn, stack
 from tests.support.waiting import eventually
 
 ALPHA, BETA, ADMIN = "sk-alpha-4f1c9a7d2b", "sk-beta-8e3d6b0a51", "sk-admin-c27e95fd04"
-PASSWORD = "redis-pw-91b7e3a0c2"
 PROMPT = "Summarize the quarterly report on river gardens and their stones, page by page. " * 6
 POISON = "POISON-PILL-7c1e"
-
-
-@pytest.fixture
-def protected_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(
-        tmp_path / "redis", extra=["--requirepass", PASSWORD], auth=("default", PASSWORD)
-    )
-    server.start()
-    yield server
-    server.kill()
 
 
 def _config(tmp_path: Path, redis: RedisServer) -> Path:
@@ -77,7 +64,7 @@ def _cached(answer: Any) -> int:
 async def test_two_tenants_share_no_cache_no_failures_and_no_quota(
     tmp_path: Path, protected_redis: RedisServer
 ) -> None:
-    register(ALPHA, BETA, ADMIN, PASSWORD)
+    register(ALPHA, BETA, ADMIN)
     flags = ("--config", str(_config(tmp_path, protected_redis)))
     async with stack(tmp_path, decodes=2, router_flags=flags) as s:
         # 1. The same prompt: alpha's second send hits alpha's cache; beta's first does not.

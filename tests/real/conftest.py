@@ -243,10 +243,15 @@ def module_router(
 
 @contextlib.asynccontextmanager
 async def routed(
-    pair: VllmPair, redis: RedisServer, log_dir: Path, *extra: str
+    pair: VllmPair,
+    redis: RedisServer,
+    log_dir: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[RouterProcess]:
-    """A router in front of ``pair``, stopped at the end (also when the test fails)."""
-    router = RouterProcess(router_flags(pair, redis, *extra), log_dir)
+    """A router in front of ``pair`` (``env`` added to its environment), stopped at the end
+    (also when the test fails)."""
+    router = RouterProcess(router_flags(pair, redis, *extra), log_dir, env=env)
     try:
         await router.start(timeout=180)
         yield router

@@ -78,6 +78,18 @@ async def tokenize(client: httpx.AsyncClient, url: str, **body: Any) -> list[int
     return tokens
 
 
+async def first_prompt(
+    client: httpx.AsyncClient, p_url: str, nonce: str, words: int = 160
+) -> list[int]:
+    """A conversation's first prompt: one user message of ``words`` words, as P renders it."""
+    return await tokenize(
+        client,
+        p_url,
+        messages=[{"role": "user", "content": text(nonce, 0, words)}],
+        add_generation_prompt=True,
+    )
+
+
 def logprobs_of(body: dict[str, Any], chat: bool) -> list[float]:
     choice = body["choices"][0]
     if chat:

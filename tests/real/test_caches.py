@@ -15,7 +15,7 @@ import pytest
 
 from bench.real.launch import VllmPair
 from bench.redis_server import RedisServer
-from tests.real.conftest import routed, router_flags
+from tests.real.conftest import routed
 from tests.real.helpers import (
     BLOCK,
     COMPUTED,
@@ -23,6 +23,7 @@ from tests.real.helpers import (
     PULLED,
     SERVED_NAME,
     completion,
+    first_prompt,
     salted,
     same_output,
     text,
@@ -51,12 +52,7 @@ async def first_turn(
     """A conversation's first turn through ``router``, once the index holds what both engines
     kept of it: its prompt and D's output."""
     p_url, d_url = urls(pair)
-    prompt = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0, words)}],
-        add_generation_prompt=True,
-    )
+    prompt = await first_prompt(client, p_url, nonce, words)
     before = await ascrape(client, router.url)
     r = await completion(client, router.url, prompt, conversation=nonce)
     assert r.status_code == 200 and r.headers["x-carryover-path"] == "cold-miss", r.text
@@ -95,12 +91,7 @@ async def test_the_kv_index_follows_vllms_own_events(
     assert vllm_pair.decode is not None
     d_name = vllm_pair.decode.url.removeprefix("http://")
     nonce = uuid.uuid4().hex[:8]
-    prompt = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0)}],
-        add_generation_prompt=True,
-    )
+    prompt = await first_prompt(client, p_url, nonce)
     blocks = f"carryover_kv_index_blocks{{server={d_name}}}"
     held_before = (await ascrape(client, real_router.url)).get(blocks, 0.0)
     r = await completion(client, real_router.url, prompt, conversation=nonce)
@@ -250,17 +241,9 @@ async def test_a_second_tenants_identical_prompt_computes_every_token(
     register("sk-tenant-a-5e1d", "sk-tenant-b-93c0")
     p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    prompt = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
-        add_generation_prompt=True,
-    )
-    router = RouterProcess(
-        router_flags(vllm_pair, redis_server), tmp_path, env={"CARRYOVER_API_KEYS_FILE": str(keys)}
-    )
-    try:
-        await router.start(timeout=180)
+    prompt = await first_prompt(client, p_url, nonce, 300)
+    env = {"CARRYOVER_API_KEYS_FILE": str(keys)}
+    async with routed(vllm_pair, redis_server, tmp_path, env=env) as router:
 
         async def send(key: str) -> dict[str, float]:
             before = await ascrape(client, p_url)
@@ -280,5 +263,3 @@ async def test_a_second_tenants_identical_prompt_computes_every_token(
         assert b[HITS] == 0 and b[COMPUTED] >= len(prompt)
         a = await send("sk-tenant-a-5e1d")
         assert a[HITS] == len(prompt) // BLOCK * BLOCK
-    finally:
-        router.stop()

@@ -22,6 +22,7 @@ from tests.real.helpers import (
     SERVED_NAME,
     chat,
     completion,
+    first_prompt,
     pulled,
     salted,
     same_output,
@@ -133,12 +134,7 @@ async def test_expired_handles_are_served_cold(
     # is tested with the simulator, whose clock can jump.
     p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    prompt = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
-        add_generation_prompt=True,
-    )
+    prompt = await first_prompt(client, p_url, nonce, 300)
     prompt2_tail = [198] * 20
     rejected = "carryover_retries_total{cause=prefill_handle_rejected}"
     rejected_before = (await ascrape(client, real_router.url)).get(rejected, 0)

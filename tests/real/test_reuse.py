@@ -20,6 +20,7 @@ from tests.real.helpers import (
     SERVED_NAME,
     chat,
     completion,
+    first_prompt,
     pulled,
     salted,
     same_output,
@@ -39,12 +40,7 @@ async def test_completions_full_reuse_over_five_turns(
 ) -> None:
     p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    prompt = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0)}],
-        add_generation_prompt=True,
-    )
+    prompt = await first_prompt(client, p_url, nonce)
     # The whole conversation on P alone first: its answers are the reference, and the routed
     # turns then follow each other without a slow reference call in between.
     prompts: list[list[int]] = []
@@ -205,12 +201,7 @@ async def test_a_truncated_prompt_runs_unchecked_and_right(
     # such a turn unchecked: nothing pulled, the engines truncate, the answer is right.
     p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    prompt = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
-        add_generation_prompt=True,
-    )
+    prompt = await first_prompt(client, p_url, nonce, 300)
     first = await completion(client, real_router.url, prompt, conversation=nonce)
     assert first.status_code == 200 and first.headers["x-carryover-path"] == "cold-miss"
     longer = prompt + first.json()["choices"][0]["token_ids"] + prompt[:60]
@@ -230,12 +221,7 @@ async def test_the_same_mismatch_without_the_router_is_wrong(
     # What the check prevents: vLLM #43094 on the CPU build, straight to P and D.
     p_url, d_url = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    t1 = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0, 300)}],
-        add_generation_prompt=True,
-    )
+    t1 = await first_prompt(client, p_url, nonce, 300)
     p1 = (
         await completion(
             client, p_url, t1, max_tokens=1, kv_transfer_params={"do_remote_decode": True}

@@ -30,10 +30,9 @@ from tests.real.helpers import (
     COMPUTED,
     PULLED,
     completion,
+    first_prompt,
     salted,
     same_output,
-    text,
-    tokenize,
     urls,
 )
 from tests.support.metrics import ascrape
@@ -97,12 +96,7 @@ async def test_a_turn_without_its_handle_loads_its_history_from_lmcache(
 ) -> None:
     p_url, _ = urls(warm_pair)
     nonce = uuid.uuid4().hex[:8]
-    prompt = await tokenize(
-        client,
-        p_url,
-        messages=[{"role": "user", "content": text(nonce, 0, 600)}],
-        add_generation_prompt=True,
-    )
+    prompt = await first_prompt(client, p_url, nonce, 600)
     assert len(prompt) > 2 * CHUNK
     first, path, _, _ = await routed_turn(client, warm_router, warm_pair, prompt, nonce)
     assert path == "cold-miss"

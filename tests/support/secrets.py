@@ -9,9 +9,12 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["assert_absent", "group_environ", "register", "scan_error_body"]
+__all__ = ["REDIS_PASSWORD", "assert_absent", "group_environ", "register", "scan_error_body"]
 
-_KNOWN: set[str] = set()
+#: The password of the ``protected_redis`` fixture's server (tests/conftest.py).
+REDIS_PASSWORD = "redis-pw-91b7e3a0c2"
+
+_KNOWN: set[str] = {REDIS_PASSWORD}
 
 
 def register(*secrets: str) -> None:
