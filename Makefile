@@ -79,4 +79,4 @@ lint: bootstrap ## ruff and mypy
 	@$(UV) run ruff check . && $(UV) run ruff format --check . && $(UV) run mypy
 
 bench: bootstrap ## state-layer micro-benchmark
-	@$(UV) run python -m bench.state_bench
+	@$(UV) run python -m carryover.bench.state_bench

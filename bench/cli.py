@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from bench.multiturn import ARMS, run_arms
-from bench.report import Slo, render_markdown
-from bench.workload import Distribution, WorkloadSpec, generate, read_conversations
+from carryover.bench.multiturn import ARMS, run_arms
+from carryover.bench.report import Slo, render_markdown
+from carryover.bench.workload import Distribution, WorkloadSpec, generate, read_conversations
 
 
 def _multiturn(args: argparse.Namespace) -> None:
@@ -57,7 +57,7 @@ def _multiturn(args: argparse.Namespace) -> None:
 
 
 def _overhead(args: argparse.Namespace) -> None:
-    from bench.overhead import parse_peer, run_overhead
+    from carryover.bench.overhead import parse_peer, run_overhead
 
     run_overhead(
         args.out,
@@ -74,14 +74,14 @@ def _overhead(args: argparse.Namespace) -> None:
 
 
 def _instructions(args: argparse.Namespace) -> None:
-    from bench.instructions import render_instructions, run_instructions
+    from carryover.bench.instructions import render_instructions, run_instructions
 
     results = run_instructions(args.out, modes=args.modes, turns=args.turns, redis=args.redis)
     print(render_instructions(results))
 
 
 def _replicas(args: argparse.Namespace) -> None:
-    from bench.replicas import render, run_replicas
+    from carryover.bench.replicas import render, run_replicas
 
     conversations = generate(
         WorkloadSpec(
@@ -104,13 +104,13 @@ def _ints(text: str) -> list[int]:
 
 
 def _sim_throughput(args: argparse.Namespace) -> None:
-    from bench.sim_bench import run_sim_bench
+    from carryover.bench.sim_bench import run_sim_bench
 
     run_sim_bench(args.out, requests=args.requests, concurrency=args.concurrency)
 
 
 def _tenant_salt(args: argparse.Namespace) -> None:
-    from bench.tenant_salt import run_tenant_salt
+    from carryover.bench.tenant_salt import run_tenant_salt
 
     run_tenant_salt(
         args.out,

@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.multiturn import run_arms
-from bench.report import Slo, render_markdown
-from bench.workload import Distribution, WorkloadSpec, generate
+from carryover.bench.multiturn import run_arms
+from carryover.bench.report import Slo, render_markdown
+from carryover.bench.workload import Distribution, WorkloadSpec, generate
 
 
 def main(argv: Sequence[str] = ()) -> None:

@@ -32,11 +32,11 @@ from typing import Any
 
 import httpx
 
-from bench.loadgen import closed_loop
-from bench.local_redis import local_redis
-from bench.overhead import MODES, decode_sim_options, jobs_for
-from bench.ports import free_port
-from bench.procs import Process, topology
+from carryover.bench.loadgen import closed_loop
+from carryover.bench.local_redis import local_redis
+from carryover.bench.overhead import MODES, decode_sim_options, jobs_for
+from carryover.bench.ports import free_port
+from carryover.bench.procs import Process, topology
 
 __all__ = ["render_instructions", "run_instructions"]
 

@@ -10,8 +10,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-from bench.ports import free_port
-from bench.redis_server import KEEP_ENVIRONMENT
+from carryover.bench.ports import free_port
+from carryover.bench.redis_server import KEEP_ENVIRONMENT
 
 
 @contextlib.contextmanager

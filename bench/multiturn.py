@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.procs import Process, topology
-from bench.report import Slo, build_report, write_report
-from bench.runner import TurnRecord, run_arm
-from bench.workload import Conversation
+from carryover.bench.procs import Process, topology
+from carryover.bench.report import Slo, build_report, write_report
+from carryover.bench.runner import TurnRecord, run_arm
+from carryover.bench.workload import Conversation
 
 __all__ = ["ARMS", "ArmResult", "run_arms"]
 
@@ -23,12 +23,12 @@ __all__ = ["ARMS", "ArmResult", "run_arms"]
 ARMS: dict[str, list[str] | None] = {
     "carryover": [],
     "carryover-no-reuse": ["--no-reuse"],
-    "carryover-unchecked": ["--planner", "bench.unchecked:plan_unchecked"],
+    "carryover-unchecked": ["--planner", "carryover.bench.unchecked:plan_unchecked"],
     # The same router, its engines without KV events: routed by load and last-turn affinity.
     "carryover-no-index": [],
     # Short turns run on the D that holds their history, without a P leg.
     "carryover-decode-local": ["--decode-local-max-tokens", "512"],
-    # The index with another price of load in tokens (router/policy.py); 0: any holding wins.
+    # The index with another price of load in tokens (router/fleet/policy.py); 0: any holding wins.
     "carryover-tokens-per-load": ["--affinity-tokens-per-load", "0"],
     # Every P also reaches a simulated warm tier (LMCache's server, docs/warm-tier.md): a turn
     # without a handle loads what the tier holds of its history.

@@ -37,12 +37,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.loadgen import Job, Sample, closed_loop
-from bench.local_redis import local_redis
-from bench.ports import free_port
-from bench.procs import Process, Topology, topology
-from bench.proctree import cpu_seconds, listening_pid, rss_mb
-from bench.report import percentile
+from carryover.bench.loadgen import Job, Sample, closed_loop
+from carryover.bench.local_redis import local_redis
+from carryover.bench.ports import free_port
+from carryover.bench.procs import Process, Topology, topology
+from carryover.bench.proctree import cpu_seconds, listening_pid, rss_mb
+from carryover.bench.report import percentile
 
 __all__ = [
     "MODES",

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
+from carryover.bench.ports import free_port
 
 __all__ = ["Process", "Topology", "free_port"]
 

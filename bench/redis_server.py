@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.ports import free_port
+from carryover.bench.ports import free_port
 
 #: Redis rewrites its process title over the memory that /proc/PID/environ shows, which hides
 #: the environment it was started with; a test run's watchdog finds its processes by a mark

@@ -8,8 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.ports import free_port
-from bench.redis_server import RedisServer
+from carryover.bench.ports import free_port
+from carryover.bench.redis_server import RedisServer
 
 #: A node silent this long is failed over (ms). Short, so fault tests end soon; long enough
 #: that a loaded 2-core machine does not fail over a node that is only slow.

@@ -5,7 +5,7 @@ span tokenized after its turn, as the router does once a turn is committed
 (``ChatTemplate.warm``): what is left on the next turn's path. One run, the same conversations
 for all three.
 
-    python -m bench.render_bench [--conversations 30] [--turns 10] [--system-tokens 200]
+    python -m carryover.bench.render_bench [--conversations 30] [--turns 10] [--system-tokens 200]
         [--user-tokens 800] [--answer-tokens 200]
 """
 
@@ -17,12 +17,12 @@ import statistics
 import time
 from typing import Any
 
-from bench.workload import Distribution, WorkloadSpec, filler, generate
-from router.render.chat_template import ChatTemplate
+from carryover.bench.workload import Distribution, WorkloadSpec, filler, generate
+from carryover.router.render.chat_template import ChatTemplate
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.render_bench")
+    parser = argparse.ArgumentParser(prog="python -m carryover.bench.render_bench")
     parser.add_argument("--conversations", type=int, default=30)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--system-tokens", type=int, default=200)

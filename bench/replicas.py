@@ -30,11 +30,11 @@ from typing import Any
 import httpx
 import msgspec
 
-from bench.procs import topology
-from bench.redis_server import RedisServer
-from bench.redis_topologies import RedisCluster
-from bench.runner import TurnRecord, one_turn
-from bench.workload import Conversation
+from carryover.bench.procs import topology
+from carryover.bench.redis_server import RedisServer
+from carryover.bench.redis_topologies import RedisCluster
+from carryover.bench.runner import TurnRecord, one_turn
+from carryover.bench.workload import Conversation
 
 __all__ = ["ReplicasRow", "run_replicas"]
 

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.runner import TurnRecord
+from carryover.bench.runner import TurnRecord
 
 __all__ = ["Slo", "build_report", "percentile", "render_markdown", "write_report"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from bench.workload import Conversation
+from carryover.bench.workload import Conversation
 
 __all__ = ["TurnRecord", "one_turn", "run_arm"]
 

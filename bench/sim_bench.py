@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.loadgen import closed_loop
-from bench.overhead import jobs_for
-from bench.procs import topology
-from bench.report import percentile
+from carryover.bench.loadgen import closed_loop
+from carryover.bench.overhead import jobs_for
+from carryover.bench.procs import topology
+from carryover.bench.report import percentile
 
 
 def run_sim_bench(out: Path, *, requests: int, concurrency: int) -> dict[str, Any]:

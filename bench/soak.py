@@ -4,7 +4,7 @@ Reports, every few seconds, the routers' RSS, the number of records in Redis and
 decode instances hold; at the end, handles that expired unused. A steady system shows no
 growth trend in RSS or keys once the conversation population is stable.
 
-``python -m bench.soak --conversations 1000 --minutes 10`` (defaults are the issue's numbers).
+``python -m carryover.bench.soak --conversations 1000 --minutes 10`` (defaults are the issue's numbers).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import redis
 
-from bench.local_redis import local_redis
-from bench.procs import topology
-from bench.proctree import rss_mb
-from bench.report import percentile
+from carryover.bench.local_redis import local_redis
+from carryover.bench.procs import topology
+from carryover.bench.proctree import rss_mb
+from carryover.bench.report import percentile
 
 
 def _gauge(text: str, name: str) -> float:

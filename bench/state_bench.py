@@ -1,6 +1,6 @@
 """State-layer numbers: plan() cost, claim+commit round trip, bytes per token, granularity.
 
-Run: ``uv run python -m bench.state_bench`` (starts its own redis-server unless ``--redis URL``).
+Run: ``uv run python -m carryover.bench.state_bench`` (starts its own redis-server unless ``--redis URL``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import random
 import statistics
 import time
 
-from bench.local_redis import local_redis
-from state import ConversationKey, HashedTokens, Record, RedisStore, chunk_size_for, plan
+from carryover.bench.local_redis import local_redis
+from carryover.state import ConversationKey, HashedTokens, Record, RedisStore, chunk_size_for, plan
 
 
 def _record(ids: list[int], block_size: int, turn: int = 1) -> Record:

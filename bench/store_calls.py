@@ -2,7 +2,7 @@
 blocking pool, as the store used it) and through the store's pipelined channel
 (``state/resp.py``), one after the other against one loopback redis-server, on uvloop.
 
-    python -m bench.store_calls [--calls 5000] [--concurrency 1,64] [--rounds 2]
+    python -m carryover.bench.store_calls [--calls 5000] [--concurrency 1,64] [--rounds 2]
 
 Reports the client process's CPU µs per call (``time.process_time``) and wall µs per call; the
 server's own CPU is not counted. The rounds alternate the two clients.
@@ -21,8 +21,8 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bench.local_redis import local_redis
-from state.resp import Address, RespChannel, Script
+from carryover.bench.local_redis import local_redis
+from carryover.state.resp import Address, RespChannel, Script
 
 # The claim's shape: get and delete one key, report what was there.
 _SCRIPT = "local v = redis.call('GET', KEYS[1]) if v then redis.call('DEL', KEYS[1]) end return v"
@@ -76,7 +76,7 @@ async def _channel(url: str, calls: int, concurrency: int) -> tuple[float, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.store_calls")
+    parser = argparse.ArgumentParser(prog="python -m carryover.bench.store_calls")
     parser.add_argument("--calls", type=int, default=5000)
     parser.add_argument("--concurrency", default="1,64")
     parser.add_argument("--rounds", type=int, default=2)

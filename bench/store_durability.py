@@ -5,7 +5,7 @@ One "turn" is the router's two store calls: a claim (a miss or a hit) and a comm
 server; a primary and replica behind three Sentinels, with and without ``WAIT 1``; a
 3-primary/3-replica Cluster, with and without ``WAIT 1``.
 
-    python -m bench.store_durability [--turns 3000] [--concurrency 1,32] [--rounds 3]
+    python -m carryover.bench.store_durability [--turns 3000] [--concurrency 1,32] [--rounds 3]
 
 Prints the client's wall and CPU µs per turn (medians over the rounds) and each arm's ratio to
 the single server measured in the same run. The servers, the client and every replica share
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import uvloop
 
-from bench.redis_server import RedisServer
-from bench.redis_topologies import RedisCluster, RedisSentinels
-from state import ConversationKey, Durability, HashedTokens, Record, RedisStore
+from carryover.bench.redis_server import RedisServer
+from carryover.bench.redis_topologies import RedisCluster, RedisSentinels
+from carryover.state import ConversationKey, Durability, HashedTokens, Record, RedisStore
 
 ARMS = (
     ("single server", "single", Durability.NONE),
@@ -70,7 +70,7 @@ async def _turns(store: RedisStore, turns: int, concurrency: int) -> tuple[float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.store_durability")
+    parser = argparse.ArgumentParser(prog="python -m carryover.bench.store_durability")
     parser.add_argument("--turns", type=int, default=3000)
     parser.add_argument("--concurrency", default="1,32")
     parser.add_argument("--rounds", type=int, default=3)

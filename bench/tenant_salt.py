@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
-from bench.multiturn import engine_prompt_sources
-from bench.procs import topology
+from carryover.bench.multiturn import engine_prompt_sources
+from carryover.bench.procs import topology
 
 __all__ = ["ARMS", "run_tenant_salt"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from state import HashedTokens, Path, Plan, PlanSettings, Reason, Record
+from carryover.state import HashedTokens, Path, Plan, PlanSettings, Reason, Record
 
 __all__ = ["plan_unchecked"]
 

@@ -1,6 +1,6 @@
 """``carryover COMMAND``: hands each command to the package that owns it.
 
-``serve`` and ``report`` are the router's (``router.cli``, ``router.report``); ``sim``, ``sim-render``, ``sim-warm-tier``, ``bench``
+``serve`` and ``report`` are the router's (``carryover.router.cli``, ``carryover.router.report``); ``sim``, ``sim-render``, ``sim-warm-tier``, ``bench``
 and ``demo`` are the benchmark's (``bench``). The router never imports the benchmark, so ``carryover serve`` runs
 without the ``bench`` extra (plotting) installed.
 """
@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 def _version() -> str:
     try:
-        return importlib.metadata.version("carryover")
+        return importlib.metadata.version("carryover-router")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
         return "(not installed)"
 
@@ -46,31 +46,31 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     command, rest = args[0], args[1:]
     if command == "serve":
-        from router.cli import main as router_main
+        from carryover.router.cli import main as router_main
 
         router_main(args)
     elif command == "report":
-        from router.report.cli import main as report_main
+        from carryover.router.report.cli import main as report_main
 
         report_main(rest)
     elif command == "sim":
-        from bench.sim.cli import main as sim_main
+        from carryover.bench.sim.cli import main as sim_main
 
         sim_main(rest)
     elif command == "sim-render":
-        from bench.sim.cli import main as sim_main
+        from carryover.bench.sim.cli import main as sim_main
 
         sim_main(rest, render=True)
     elif command == "sim-warm-tier":
-        from bench.sim.cli import main as sim_main
+        from carryover.bench.sim.cli import main as sim_main
 
         sim_main(rest, warm_tier=True)
     elif command == "bench":
-        from bench.cli import main as bench_main
+        from carryover.bench.cli import main as bench_main
 
         bench_main(rest)
     elif command == "demo":
-        from bench.demo import main as demo_main
+        from carryover.bench.demo import main as demo_main
 
         demo_main(rest)
     else:

@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from router.config import CONFIG_ENV, LOG_LEVELS, ConfigError, RouterConfig
-from router.metrics import MULTIPROC_ENV
-from state.redis_url import parse_redis_url
+from carryover.router.config import CONFIG_ENV, LOG_LEVELS, ConfigError, RouterConfig
+from carryover.router.metrics import MULTIPROC_ENV
+from carryover.state.redis_url import parse_redis_url
 
 __all__ = ["load_config", "main"]
 
@@ -399,7 +399,7 @@ def _serve(argv: Sequence[str]) -> None:
     # uvicorn (httptools, uvloop) rather than granian: one thread per worker, no handoff
     # between a server thread and the event loop; a turn costs 15-40% less CPU at concurrency 1
     # (bench/RESULTS.md, "Router overhead"). With several workers this process only
-    # supervises: each worker is spawned and builds the app itself (router.asgi).
+    # supervises: each worker is spawned and builds the app itself (router.http.asgi).
     import uvicorn
 
     config = load_config(argv)
@@ -414,8 +414,8 @@ def _preflight(config: RouterConfig) -> None:
     """What would stop every worker as it starts, checked once here first: a failure is one
     line and exit 2 however many workers there are (uvicorn's supervisor of several workers
     exits 0 when they fail). An unreachable store is not one: turns are served cold."""
-    from router.store import check_store, open_store
-    from router.tenants.salt import salts_of
+    from carryover.router.store import check_store, open_store
+    from carryover.router.tenants.salt import salts_of
 
     salts_of(config)
     if config.redis is None:
@@ -477,7 +477,7 @@ def _worker_metrics(workers: int) -> Iterator[None]:
 
 def _run_uvicorn(uvicorn: Any, config: RouterConfig) -> None:
     uvicorn.run(
-        "router.asgi:build",
+        "carryover.router.http.asgi:build",
         factory=True,
         host=config.host,
         port=config.port,
@@ -496,7 +496,7 @@ def _run_uvicorn(uvicorn: Any, config: RouterConfig) -> None:
     )
 
 
-_USAGE = """usage: carryover serve [ARGS]   (python -m router serve [ARGS])
+_USAGE = """usage: carryover serve [ARGS]
 
   serve   run the router in front of vLLM prefill/decode instances
 """

@@ -1,4 +1,4 @@
-"""Typed router configuration, built once at the edge (``router.cli``) and passed in.
+"""Typed router configuration, built once at the edge (``carryover.router.cli``) and passed in.
 
 Every duration is in seconds, every size in bytes unless the name says otherwise.
 """
@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 #: The environment variable naming the file ``carryover serve`` writes the config to for its
-#: uvicorn workers (``router/asgi.py``): the config holds keys and passwords, so it goes in a
+#: uvicorn workers (``router/http/asgi.py``): the config holds keys and passwords, so it goes in a
 #: file only its user can read, never in the environment (``/proc/<pid>/environ``).
 CONFIG_ENV = "CARRYOVER_SERVE_CONFIG_FILE"
 
@@ -362,7 +362,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         max_messages: more chat messages than this get 400.
         api_keys: bearer key -> tenant; empty means no authentication (tenant ``default``).
             ``api_keys_file`` in the file (or ``CARRYOVER_API_KEYS_FILE``) adds those of a
-            JSON object in a file, a mounted secret say (read by ``router.cli``).
+            JSON object in a file, a mounted secret say (read by ``carryover.router.cli``).
         admin_key: bearer key for ``/admin/*`` (admin endpoints are off without one);
             ``admin_key_file`` (or ``CARRYOVER_ADMIN_KEY_FILE``) reads it from a file.
         tenant_limits: limits by tenant name; ``default_tenant_limits`` for the others.
@@ -383,7 +383,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         decode_kv_high_water: a decode instance's KV cache use (``vllm:kv_cache_usage_perc``,
             pinned turns included) at which the router gives back the oldest handles stored
             for it, so pinned turns cannot starve running requests of blocks
-            (router/pressure.py); checked at every load probe; above 1 turns this off.
+            (router/fleet/pressure.py); checked at every load probe; above 1 turns this off.
         decode_kv_low_water: the use that giving back aims for.
         breaker_failures: consecutive failures that open an instance's circuit.
         breaker_reset: seconds an open circuit waits before one trial request.
@@ -397,7 +397,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             has no ``conversation_id``, first present wins (benchmark tools differ: vLLM's
             bench sends ``X-Session-ID``, AIPerf ``X-Correlation-ID``).
         planner: ``module:function`` replacing ``state.plan`` (tests and the benchmark's
-            unchecked arm only; see ``router.turn.services.Planner``).
+            unchecked arm only; see ``carryover.router.turn.services.Planner``).
     """
 
     models: list[ModelConfig]

@@ -16,7 +16,7 @@
         └── EngineTimeout         504
 
 Store failures are not here: ``state.StoreUnavailable`` never reaches a client (the turn is
-served cold). httpx errors are mapped in ``router.upstream`` only.
+served cold). httpx errors are mapped in ``carryover.router.engines.upstream`` only.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from __future__ import annotations
 import logging
 from enum import StrEnum
 
-from router.metrics import RouterMetrics
-from router.outcomes import LeftToExpire, ReleaseCause
+from carryover.router.metrics import RouterMetrics
+from carryover.router.outcomes import LeftToExpire, ReleaseCause
 
 __all__ = ["Fate", "HandleLedger", "HeldHandle", "Origin"]
 

@@ -2,7 +2,7 @@
 
 With several workers (``carryover serve --workers N``) every worker writes its samples to
 files in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, set up by
-``router.cli``) and ``/metrics`` answers, from whichever worker takes the scrape, the sum over
+``carryover.router.cli``) and ``/metrics`` answers, from whichever worker takes the scrape, the sum over
 all of them: one consistent view per router. Each gauge says how its workers' values combine.
 """
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from router.errors import BadRequest, KvParamsRefused
-from router.fields import refused_field
+from carryover.router.errors import BadRequest, KvParamsRefused
+from carryover.router.fields import refused_field
 
 __all__ = ["ChatView", "CompletionView", "parse_body"]
 

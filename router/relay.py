@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from router.errors import EngineFailed
-from router.outcomes import NoHandleCause
+from carryover.router.errors import EngineFailed
+from carryover.router.outcomes import NoHandleCause
 
 __all__ = ["DecodeOutput", "parse_chunk"]
 

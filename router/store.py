@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from router.config import ConfigError, RouterConfig
-from state import MemoryStore, RedisStore, Store, StoreUnavailable
-from state.redis_store import Durability
-from state.resp import ReplyError, RespTlsError, Tls
+from carryover.router.config import ConfigError, RouterConfig
+from carryover.state import MemoryStore, RedisStore, Store, StoreUnavailable
+from carryover.state.redis_store import Durability
+from carryover.state.resp import ReplyError, RespTlsError, Tls
 
 __all__ = ["PASSWORD_ENV", "check_store", "open_store"]
 

@@ -1,9 +1,14 @@
 """Conversation state: records, the token-prefix check, and the stores that keep them."""
 
-from state.keys import MAX_ID_LENGTH, ConversationKey, InvalidIdentifier, validate_identifier
-from state.memory import MemoryStore
-from state.planning import plan
-from state.prefix import (
+from carryover.state.keys import (
+    MAX_ID_LENGTH,
+    ConversationKey,
+    InvalidIdentifier,
+    validate_identifier,
+)
+from carryover.state.memory import MemoryStore
+from carryover.state.planning import plan
+from carryover.state.prefix import (
     HashedTokens,
     Path,
     Plan,
@@ -15,9 +20,9 @@ from state.prefix import (
     release_handle,
     truncate_handle,
 )
-from state.records import Record
-from state.redis_store import Durability, NotDurable, RedisStore
-from state.store import Committed, Held, Oldest, Store, StoreUnavailable, TenantUsage
+from carryover.state.records import Record
+from carryover.state.redis_store import Durability, NotDurable, RedisStore
+from carryover.state.store import Committed, Held, Oldest, Store, StoreUnavailable, TenantUsage
 
 __all__ = [
     "MAX_ID_LENGTH",

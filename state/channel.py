@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from state.resp import Arg, ReplyError, RespChannel, RespNotSent, Script
+from carryover.state.resp import Arg, ReplyError, RespChannel, RespNotSent, Script
 
 __all__ = ["RETRY_PAUSE", "Channel", "Follow", "refused_before_running"]
 

@@ -15,8 +15,8 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from state.channel import RETRY_PAUSE, Follow, refused_before_running
-from state.resp import (
+from carryover.state.channel import RETRY_PAUSE, Follow, refused_before_running
+from carryover.state.resp import (
     Address,
     Arg,
     ReplyError,
@@ -25,7 +25,7 @@ from state.resp import (
     RespTlsError,
     Script,
 )
-from state.slots import SLOTS, key_slot
+from carryover.state.slots import SLOTS, key_slot
 
 __all__ = ["ClusterChannel"]
 

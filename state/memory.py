@@ -8,10 +8,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from state.keys import ConversationKey
-from state.records import Record
-from state.relief import largest_holders_first
-from state.store import Committed, Held, Oldest, TenantUsage
+from carryover.state.keys import ConversationKey
+from carryover.state.records import Record
+from carryover.state.relief import largest_holders_first
+from carryover.state.store import Committed, Held, Oldest, TenantUsage
 
 __all__ = ["MemoryStore"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from state.prefix import (
+from carryover.state.prefix import (
     DEFAULT_SETTINGS,
     HashedTokens,
     Path,
@@ -13,7 +13,7 @@ from state.prefix import (
     Reason,
     plan_reuse,
 )
-from state.records import Record
+from carryover.state.records import Record
 
 __all__ = ["plan"]
 

@@ -342,7 +342,7 @@ def plan_reuse(
 ) -> Plan:
     """Decide how much of a live handle the prompt may reuse.
 
-    Expiry and engine staleness are the caller's (``state.records``); this function only compares
+    Expiry and engine staleness are the caller's (``carryover.state.records``); this function only compares
     tokens. ``prompt`` must be hashed with ``prefix.chunk_size``.
     """
     try:

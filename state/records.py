@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from state.prefix import TokenPrefix
+from carryover.state.prefix import TokenPrefix
 
 __all__ = ["Record", "RecordDecodeError"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from state.channel import Channel
-from state.store import StoreUnavailable
+from carryover.state.channel import Channel
+from carryover.state.store import StoreUnavailable
 
 __all__ = ["FleetCalls"]
 

@@ -8,16 +8,16 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from state import redis_scripts as scripts
-from state.channel import Channel
-from state.keys import unescape
-from state.redis_values import decode_value
-from state.relief import largest_holders_first
-from state.resp import Arg, Script
-from state.store import Held, Oldest, TenantUsage
+from carryover.state import redis_scripts as scripts
+from carryover.state.channel import Channel
+from carryover.state.keys import unescape
+from carryover.state.redis_values import decode_value
+from carryover.state.relief import largest_holders_first
+from carryover.state.resp import Arg, Script
+from carryover.state.store import Held, Oldest, TenantUsage
 
 if TYPE_CHECKING:
-    from state.redis_store import _Shard
+    from carryover.state.redis_store import _Shard
 
 __all__ = ["HeldIndexCalls"]
 

@@ -11,7 +11,7 @@ sends it again with that instance's keys (it learns the name once).
 
 from __future__ import annotations
 
-from state.resp import Script
+from carryover.state.resp import Script
 
 __all__ = ["CLAIM", "CLAIM_MANY", "COMMIT", "HELD", "OBSERVE"]
 

@@ -38,17 +38,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from state import redis_scripts as scripts
-from state.channel import Channel
-from state.keys import ConversationKey
-from state.loops import Deadline, RunningLoop
-from state.records import Record
-from state.redis_fleet import FleetCalls
-from state.redis_held import HeldIndexCalls
-from state.redis_values import decode_value, encode_value
-from state.resp import Arg, RespError, Script
-from state.slots import shard_tags
-from state.store import Committed, StoreUnavailable
+from carryover.state import redis_scripts as scripts
+from carryover.state.channel import Channel
+from carryover.state.keys import ConversationKey
+from carryover.state.loops import Deadline, RunningLoop
+from carryover.state.records import Record
+from carryover.state.redis_fleet import FleetCalls
+from carryover.state.redis_held import HeldIndexCalls
+from carryover.state.redis_values import decode_value, encode_value
+from carryover.state.resp import Arg, RespError, Script
+from carryover.state.slots import shard_tags
+from carryover.state.store import Committed, StoreUnavailable
 
 __all__ = ["Durability", "NotDurable", "RedisStore"]
 
@@ -147,7 +147,7 @@ class RedisStore(FleetCalls, HeldIndexCalls):
     ) -> RedisStore:
         """A store on the deployment ``url`` names (``state/redis_url.py``); ``options`` are
         :func:`state.redis_url.open_store`'s."""
-        from state.redis_url import open_store
+        from carryover.state.redis_url import open_store
 
         return open_store(url, timeout=timeout, namespace=namespace, **options)
 
@@ -292,7 +292,7 @@ class RedisStore(FleetCalls, HeldIndexCalls):
     async def observe_identity(self, instance: str, identity: str) -> int:
         keys = [self._epoch_key(instance), f"{self._epoch_key(instance)}:identity"]
         # Not waited on: a bump a failover loses is made again by the next observation,
-        # which sees the old identity back (router/pool.py observes every probe).
+        # which sees the old identity back (router/fleet/pool.py observes every probe).
         return int(await self._call(lambda: self._eval(scripts.OBSERVE, keys, [identity])))
 
     async def epochs(self, instances: list[str]) -> dict[str, int]:

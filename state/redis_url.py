@@ -20,11 +20,11 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from state.resp import Address, RespChannel, Tls, redacted_url
+from carryover.state.resp import Address, RespChannel, Tls, redacted_url
 
 if TYPE_CHECKING:
-    from state.channel import Channel
-    from state.redis_store import Durability, RedisStore
+    from carryover.state.channel import Channel
+    from carryover.state.redis_store import Durability, RedisStore
 
 __all__ = ["RedisTarget", "Topology", "open_store", "parse_redis_url"]
 
@@ -173,9 +173,9 @@ def open_store(
     server; on Sentinel and Cluster, ``WAIT`` for one replica (a claim a failover could undo
     is not used), and 64 shards on a Cluster.
     """
-    from state.cluster import ClusterChannel
-    from state.redis_store import Durability, RedisStore
-    from state.sentinel import SentinelChannel
+    from carryover.state.cluster import ClusterChannel
+    from carryover.state.redis_store import Durability, RedisStore
+    from carryover.state.sentinel import SentinelChannel
 
     target = parse_redis_url(url, tls=tls)
     address = target.address

@@ -4,7 +4,7 @@ and find the holder without decoding msgpack (``state/redis_scripts.py``)."""
 
 from __future__ import annotations
 
-from state.records import Record, RecordDecodeError
+from carryover.state.records import Record, RecordDecodeError
 
 __all__ = ["decode_value", "encode_value"]
 

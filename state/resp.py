@@ -31,8 +31,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
-from state.follow import SharedFollow
-from state.loops import RunningLoop
+from carryover.state.follow import SharedFollow
+from carryover.state.loops import RunningLoop
 
 __all__ = [
     "Address",

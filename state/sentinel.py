@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from state.channel import RETRY_PAUSE, Follow, refused_before_running
-from state.resp import (
+from carryover.state.channel import RETRY_PAUSE, Follow, refused_before_running
+from carryover.state.resp import (
     Address,
     Arg,
     RespChannel,

@@ -6,8 +6,8 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from state.keys import ConversationKey
-from state.records import Record
+from carryover.state.keys import ConversationKey
+from carryover.state.records import Record
 
 __all__ = ["Committed", "Held", "Oldest", "Store", "StoreUnavailable"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from bench.redis_server import RedisServer
-from bench.redis_topologies import RedisCluster, RedisSentinels
+from carryover.bench.redis_server import RedisServer
+from carryover.bench.redis_topologies import RedisCluster, RedisSentinels
 from tests.support.reaper import start_watchdog
 from tests.support.secrets import REDIS_PASSWORD
 

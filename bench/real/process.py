@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.proctree import tree
-from bench.real.env import env_dir
+from carryover.bench.proctree import tree
+from carryover.bench.real.env import env_dir
 
 __all__ = [
     "StartTimedOut",

@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.ports import free_port
-from bench.real.launch import SERVED_NAME, ensure_model
-from bench.real.process import offline_env, spawn, stop_group, vllm_module, wait_healthy
+from carryover.bench.ports import free_port
+from carryover.bench.real.launch import SERVED_NAME, ensure_model
+from carryover.bench.real.process import offline_env, spawn, stop_group, vllm_module, wait_healthy
 
 __all__ = ["RenderServerProcess"]
 

@@ -17,7 +17,7 @@ render server, the router's process tree, and the driving client's own CPU for t
 arm (that loop is the application doing the derendering). The client and all servers share
 the machine's cores.
 
-    python -m bench.real.tokens_stream --requests 8 --max-tokens 128 --out DIR
+    python -m carryover.bench.real.tokens_stream --requests 8 --max-tokens 128 --out DIR
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
-from bench.proctree import cpu_seconds
-from bench.real.launch import SERVED_NAME, single_engine
-from bench.real.process import spawn, stop_group
-from bench.real.render import RenderServerProcess
+from carryover.bench.ports import free_port
+from carryover.bench.proctree import cpu_seconds
+from carryover.bench.real.launch import SERVED_NAME, single_engine
+from carryover.bench.real.process import spawn, stop_group
+from carryover.bench.real.render import RenderServerProcess
 
 __all__ = ["main"]
 
@@ -59,7 +59,7 @@ def _router(log: Path, decode: str, render: str, stream_tokens: int) -> Iterator
     args = [
         sys.executable,
         "-m",
-        "router",
+        "carryover",
         "serve",
         "--port",
         str(port),
@@ -246,7 +246,7 @@ def run(requests: int, max_tokens: int, stream_tokens: int, out: Path) -> dict[s
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.real.tokens_stream")
+    parser = argparse.ArgumentParser(prog="python -m carryover.bench.real.tokens_stream")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--stream-tokens", type=int, default=8)

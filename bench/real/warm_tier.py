@@ -1,6 +1,6 @@
 """Can LMCache be the warm tier here? A probe on the real tier's vLLM CPU build.
 
-``python -m bench.real.warm_tier [--ttl 40] [--out results/warm-tier]`` (docs/warm-tier.md):
+``python -m carryover.bench.real.warm_tier [--ttl 40] [--out results/warm-tier]`` (docs/warm-tier.md):
 
 1. an environment beside the real tier's (its packages through a ``.pth`` file, so the tier
    itself is untouched) with LMCache's wheel installed without its CUDA dependencies;
@@ -27,11 +27,11 @@ from typing import Any
 
 import httpx
 
-from bench.multiturn import engine_prompt_sources
-from bench.ports import free_port
-from bench.real.launch import SERVED_NAME, _serve_args, ensure_model
-from bench.real.lmcache import LMCACHE, LmcacheServer, ensure_lmcache_env, multi_connector
-from bench.real.process import bind_workers, offline_env, spawn, stop_group, wait_healthy
+from carryover.bench.multiturn import engine_prompt_sources
+from carryover.bench.ports import free_port
+from carryover.bench.real.launch import SERVED_NAME, _serve_args, ensure_model
+from carryover.bench.real.lmcache import LMCACHE, LmcacheServer, ensure_lmcache_env, multi_connector
+from carryover.bench.real.process import bind_workers, offline_env, spawn, stop_group, wait_healthy
 
 __all__ = ["probe"]
 

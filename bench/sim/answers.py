@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from router.render.chat_template import ChatTemplate
+from carryover.router.render.chat_template import ChatTemplate
 
 __all__ = ["AnswerPlanner", "split_reasoning"]
 

@@ -13,10 +13,10 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from bench.sim.config import parse_sim_args
-from bench.sim.render_server import RenderSimConfig, SimRenderServer
-from bench.sim.server import SimServer
-from bench.sim.warm_tier import SimWarmTier
+from carryover.bench.sim.config import parse_sim_args
+from carryover.bench.sim.render_server import RenderSimConfig, SimRenderServer
+from carryover.bench.sim.server import SimServer
+from carryover.bench.sim.warm_tier import SimWarmTier
 
 
 async def _serve(argv: Sequence[str]) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from bench.sim.kv_events import KVEventsSettings
-from bench.sim.timing import Timing
+from carryover.bench.sim.kv_events import KVEventsSettings
+from carryover.bench.sim.timing import Timing
 
 __all__ = ["KVTransferConfig", "SimConfig", "parse_sim_args"]
 

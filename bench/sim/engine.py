@@ -14,12 +14,12 @@ from collections import deque
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from bench.sim.answers import AnswerPlanner
-from bench.sim.config import SimConfig
-from bench.sim.kv import BlockPool, OutOfBlocks
-from bench.sim.kv_events import KvEventPublisher
-from bench.sim.metrics import EngineMetrics
-from bench.sim.sequence import (
+from carryover.bench.sim.answers import AnswerPlanner
+from carryover.bench.sim.config import SimConfig
+from carryover.bench.sim.kv import BlockPool, OutOfBlocks
+from carryover.bench.sim.kv_events import KvEventPublisher
+from carryover.bench.sim.metrics import EngineMetrics
+from carryover.bench.sim.sequence import (
     EngineError,
     EngineSequence,
     Finished,
@@ -28,10 +28,10 @@ from bench.sim.sequence import (
     Token,
     cdiv,
 )
-from bench.sim.sidechannel import serve_side_channel
-from bench.sim.transfer import NixlTransfer
-from bench.sim.warm_tier import RemoteWarmTier, WarmTierClient
-from router.render.chat_template import ChatTemplate
+from carryover.bench.sim.sidechannel import serve_side_channel
+from carryover.bench.sim.transfer import NixlTransfer
+from carryover.bench.sim.warm_tier import RemoteWarmTier, WarmTierClient
+from carryover.router.render.chat_template import ChatTemplate
 
 __all__ = ["EngineError", "Finished", "GenerationRequest", "SimEngine", "Token"]
 

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
-from bench.sim.http import SseSender, error, ok
-from bench.sim.responses import usage_of
+from carryover.bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
+from carryover.bench.sim.http import SseSender, error, ok
+from carryover.bench.sim.responses import usage_of
 
 if TYPE_CHECKING:
-    from bench.sim.server import SimServer
+    from carryover.bench.sim.server import SimServer
 
 __all__ = ["cache_salt", "generate"]
 

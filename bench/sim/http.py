@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from bench.sim.sequence import EngineError
+from carryover.bench.sim.sequence import EngineError
 
 __all__ = ["SseSender", "error", "ok", "serve"]
 

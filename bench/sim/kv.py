@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from router.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from carryover.router.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 __all__ = ["SEED", "BlockPool", "OutOfBlocks", "chain", "salt_seed", "token_hashes"]
 

@@ -18,7 +18,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from router.kv.events import END_SEQ, KVEvent, KVEventBatch, encode_batch
+from carryover.router.kv.events import END_SEQ, KVEvent, KVEventBatch, encode_batch
 
 __all__ = ["KVEventsSettings", "KvEventPublisher"]
 

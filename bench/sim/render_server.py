@@ -20,9 +20,9 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from bench.sim.answers import split_reasoning
-from bench.sim.http import error, ok, serve
-from router.render.chat_template import ChatTemplate, RenderInputError
+from carryover.bench.sim.answers import split_reasoning
+from carryover.bench.sim.http import error, ok, serve
+from carryover.router.render.chat_template import ChatTemplate, RenderInputError
 
 __all__ = ["RenderSimConfig", "SimRenderServer"]
 

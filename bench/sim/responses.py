@@ -8,9 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.sim.answers import split_reasoning
-from bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
-from bench.sim.http import SseSender, error, ok
+from carryover.bench.sim.answers import split_reasoning
+from carryover.bench.sim.engine import EngineError, Finished, GenerationRequest, SimEngine, Token
+from carryover.bench.sim.http import SseSender, error, ok
 
 __all__ = ["streamed_answer", "usage_of", "whole_answer"]
 

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from bench.sim.config import SimConfig
-from bench.sim.engine import EngineError, GenerationRequest, SimEngine
-from bench.sim.generate_api import cache_salt, generate
-from bench.sim.http import error, ok, serve
-from bench.sim.responses import streamed_answer, whole_answer
-from router.render.chat_template import ChatTemplate, RenderInputError
+from carryover.bench.sim.config import SimConfig
+from carryover.bench.sim.engine import EngineError, GenerationRequest, SimEngine
+from carryover.bench.sim.generate_api import cache_salt, generate
+from carryover.bench.sim.http import error, ok, serve
+from carryover.bench.sim.responses import streamed_answer, whole_answer
+from carryover.router.render.chat_template import ChatTemplate, RenderInputError
 
 __all__ = ["SimServer"]
 

@@ -2,7 +2,7 @@
 history, D loading the prompt P computed), the warm tier, and the holder's side: leases,
 pins, the side channel's reads and their expiry (section numbers: ``docs/vllm-protocol.md``).
 
-A mixin of :class:`bench.sim.engine.SimEngine`, which owns the state it reads.
+A mixin of :class:`carryover.bench.sim.engine.SimEngine`, which owns the state it reads.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import logging
 import time
 from typing import Any
 
-from bench.sim.config import SimConfig
-from bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
-from bench.sim.metrics import EngineMetrics
-from bench.sim.sequence import EngineError, EngineSequence, Hold, cdiv
-from bench.sim.sidechannel import SideChannelError, read_remote
-from bench.sim.warm_tier import WarmTierClient
+from carryover.bench.sim.config import SimConfig
+from carryover.bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
+from carryover.bench.sim.metrics import EngineMetrics
+from carryover.bench.sim.sequence import EngineError, EngineSequence, Hold, cdiv
+from carryover.bench.sim.sidechannel import SideChannelError, read_remote
+from carryover.bench.sim.warm_tier import WarmTierClient
 
 __all__ = ["EXPIRY_SAFETY_MARGIN", "NixlTransfer"]
 

@@ -22,7 +22,7 @@ from typing import Protocol
 import aiohttp
 from aiohttp import web
 
-from bench.sim.kv import token_hashes
+from carryover.bench.sim.kv import token_hashes
 
 __all__ = ["RemoteWarmTier", "SimWarmTier", "WarmTierClient"]
 

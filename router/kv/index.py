@@ -15,8 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 
-from router.kv.chain import ROOT, chain_hashes, extend, salt_root
-from router.kv.events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored, KVEvent
+from carryover.router.kv.chain import ROOT, chain_hashes, extend, salt_root
+from carryover.router.kv.events import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
 
 __all__ = ["Cached", "InstanceBlocks", "KvIndex", "Prompt", "Skipped", "Tier"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from router.metrics import Counter, Gauge
+from carryover.router.metrics import Counter, Gauge
 
 __all__ = ["KvMetrics"]
 

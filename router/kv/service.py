@@ -9,12 +9,12 @@ import logging
 
 import zmq.asyncio
 
-from router.config import RouterConfig
-from router.kv.index import KvIndex
-from router.kv.metrics import KvMetrics
-from router.kv.subscriber import EventSubscriber
-from router.kv.warm import WarmTier, watch_health
-from router.upstream import Upstream
+from carryover.router.config import RouterConfig
+from carryover.router.engines.upstream import Upstream
+from carryover.router.kv.index import KvIndex
+from carryover.router.kv.metrics import KvMetrics
+from carryover.router.kv.subscriber import EventSubscriber
+from carryover.router.kv.warm import WarmTier, watch_health
 
 __all__ = ["KvEvents"]
 

@@ -25,10 +25,16 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from router.kv.events import END_SEQ, AllBlocksCleared, KVEvent, KVEventBatch, decode_batch
-from router.kv.index import InstanceBlocks
-from router.kv.metrics import KvMetrics
-from router.kv.warm import WarmTier
+from carryover.router.kv.events import (
+    END_SEQ,
+    AllBlocksCleared,
+    KVEvent,
+    KVEventBatch,
+    decode_batch,
+)
+from carryover.router.kv.index import InstanceBlocks
+from carryover.router.kv.metrics import KvMetrics
+from carryover.router.kv.warm import WarmTier
 
 __all__ = ["EventSubscriber", "ReplayOutcome", "ResetCause"]
 

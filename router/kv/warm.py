@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from router.config import WarmTierConfig
-from router.errors import UpstreamError
-from router.kv.index import InstanceBlocks, Prompt, Tier
+from carryover.router.config import WarmTierConfig
+from carryover.router.errors import UpstreamError
+from carryover.router.kv.index import InstanceBlocks, Prompt, Tier
 
 if TYPE_CHECKING:
     from prometheus_client import Gauge
 
-    from router.upstream import Upstream
+    from carryover.router.engines.upstream import Upstream
 
 __all__ = ["WarmOutcome", "WarmTier", "watch_health"]
 

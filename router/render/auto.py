@@ -18,8 +18,8 @@ from enum import StrEnum
 from functools import partial
 from typing import Any
 
-from router.errors import ClientError
-from router.render.backends import (
+from carryover.router.errors import ClientError
+from carryover.router.render.backends import (
     LOCAL_FIELDS,
     TOKENIZE_FIELDS,
     EngineTokenize,

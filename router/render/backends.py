@@ -10,10 +10,10 @@ from typing import Any, Protocol
 
 from tokenizers import Tokenizer
 
-from router.config import RenderConfig
-from router.errors import ClientError, EngineFailed, UpstreamError
-from router.render.chat_template import ChatTemplate, RenderInputError, bundled_qwen3_dir
-from router.upstream import Upstream
+from carryover.router.config import RenderConfig
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import ClientError, EngineFailed, UpstreamError
+from carryover.router.render.chat_template import ChatTemplate, RenderInputError, bundled_qwen3_dir
 
 __all__ = [
     "LOCAL_FIELDS",

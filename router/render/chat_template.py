@@ -17,9 +17,9 @@ import jinja2
 import jinja2.ext
 from tokenizers import Tokenizer
 
-from router.render.fast_bpe import fast_bpe_for
-from router.render.sandbox import ChatTemplateSandbox
-from router.render.spans import SpanEncoder
+from carryover.router.render.fast_bpe import fast_bpe_for
+from carryover.router.render.sandbox import ChatTemplateSandbox
+from carryover.router.render.spans import SpanEncoder
 
 __all__ = ["ChatTemplate", "RenderInputError", "bundled_qwen3_dir"]
 
@@ -90,7 +90,7 @@ def _warm_messages(answer: str) -> list[dict[str, str]]:
 class ChatTemplate:
     """Tokenizer and chat template of one model.
 
-    ``fast_spans``: encode new spans with :mod:`router.render.fast_bpe` where the tokenizer
+    ``fast_spans``: encode new spans with :mod:`carryover.router.render.fast_bpe` where the tokenizer
     has its shape (the router's renderer does; it costs ~1 s and ~30 MiB once per process)."""
 
     def __init__(self, folder: Path, *, fast_spans: bool = False) -> None:

@@ -7,20 +7,20 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from router.config import ModelConfig, RenderConfig, RouterConfig
-from router.metrics import RouterMetrics
-from router.render.auto import AutoRenderer, RenderCheck, keep_checked
-from router.render.backends import (
+from carryover.router.config import ModelConfig, RenderConfig, RouterConfig
+from carryover.router.engines.upstream import Upstream
+from carryover.router.metrics import RouterMetrics
+from carryover.router.render.auto import AutoRenderer, RenderCheck, keep_checked
+from carryover.router.render.backends import (
     EngineTokenize,
     LocalRenderer,
     Renderer,
     RenderServer,
     local_folder,
 )
-from router.upstream import Upstream
 
 if TYPE_CHECKING:
-    from router.pool import Instance, InstancePool
+    from carryover.router.fleet.pool import Instance, InstancePool
 
 __all__ = ["Renderers", "make_renderer"]
 

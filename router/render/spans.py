@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 from tokenizers import Tokenizer
 
-from router.render.fast_bpe import FastBpe
+from carryover.router.render.fast_bpe import FastBpe
 
 __all__ = ["SpanEncoder"]
 
@@ -27,7 +27,7 @@ class SpanEncoder:
     with the ids of every span between added tokens kept in an LRU bounded in characters.
 
     ``fast``, when given, encodes new spans in the tokenizer's stead (it must give the same
-    ids: :mod:`router.render.fast_bpe` checks that before it hands one out)."""
+    ids: :mod:`carryover.router.render.fast_bpe` checks that before it hands one out)."""
 
     def __init__(
         self, tokenizer: Tokenizer, max_chars: int = 16_000_000, fast: FastBpe | None = None

@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 import msgspec
 
-from router.report.prometheus import PrometheusError, window
-from router.report.samples import Samples, delta, merge, scrape
-from router.report.summary import Report, markdown, summarize
+from carryover.router.report.prometheus import PrometheusError, window
+from carryover.router.report.samples import Samples, delta, merge, scrape
+from carryover.router.report.summary import Report, markdown, summarize
 
 __all__ = ["Unreadable", "main", "parse_duration"]
 
@@ -108,7 +108,7 @@ def _from_prometheus(
 
 def _show(report: Report, args: argparse.Namespace, first: bool) -> None:
     if args.png is not None:
-        from router.report.plot import plot
+        from carryover.router.report.plot import plot
 
         plot(report, args.png)
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from router.report.summary import Report
+from carryover.router.report.summary import Report
 
 __all__ = ["plot"]
 

@@ -16,8 +16,8 @@ import time
 import httpx
 import msgspec
 
-from router.report.samples import Labels, Samples, delta
-from router.report.summary import READ_COUNTERS, READ_GAUGES
+from carryover.router.report.samples import Labels, Samples, delta
+from carryover.router.report.summary import READ_COUNTERS, READ_GAUGES
 
 __all__ = ["PrometheusError", "Window", "window"]
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import msgspec
 
-from router.report.samples import Samples
+from carryover.router.report.samples import Samples
 
 __all__ = ["DecodeHeld", "Report", "TurnTtft", "markdown", "quantile", "summarize"]
 

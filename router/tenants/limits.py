@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from router.config import RouterConfig, TenantLimits
-from router.errors import BadRequest, TooManyRequests
-from state import TenantUsage
+from carryover.router.config import RouterConfig, TenantLimits
+from carryover.router.errors import BadRequest, TooManyRequests
+from carryover.state import TenantUsage
 
 if TYPE_CHECKING:
     from prometheus_client import Counter

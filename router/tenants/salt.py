@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
-from router.config import ConfigError, RouterConfig
-from router.errors import BadRequest
+from carryover.router.config import ConfigError, RouterConfig
+from carryover.router.errors import BadRequest
 
 __all__ = ["CacheSalts", "check_client_salt", "salts_of"]
 

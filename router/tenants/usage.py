@@ -7,9 +7,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from router.metrics import RouterMetrics
-from router.tenants.limits import TenantGate
-from state import Store, StoreUnavailable, TenantUsage
+from carryover.router.metrics import RouterMetrics
+from carryover.router.tenants.limits import TenantGate
+from carryover.state import Store, StoreUnavailable, TenantUsage
 
 __all__ = ["read_usage_forever"]
 

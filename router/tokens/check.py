@@ -18,12 +18,12 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from router.config import ModelConfig
-from router.errors import CarryoverError
-from router.render.auto import probe_chats
-from router.render.backends import LocalRenderer, local_folder
-from router.tokens.detok import Vocabulary
-from router.tokens.server import RenderServerClient
+from carryover.router.config import ModelConfig
+from carryover.router.errors import CarryoverError
+from carryover.router.render.auto import probe_chats
+from carryover.router.render.backends import LocalRenderer, local_folder
+from carryover.router.tokens.detok import Vocabulary
+from carryover.router.tokens.server import RenderServerClient
 
 __all__ = ["ServerCheck", "TokensCheck", "check_render_server", "keep_checking", "load_local"]
 

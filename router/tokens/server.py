@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.errors import EngineFailed, EngineUnavailable, UpstreamError
-from router.upstream import Upstream
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError
 
 __all__ = ["RenderServerClient"]
 

@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import msgspec
 from tokenizers import Tokenizer
 
-from router.relay import DecodeOutput, parse_chunk
-from router.tokens.answers import StreamMender
-from router.tokens.logprobs import resolve_logprobs
+from carryover.router.relay import DecodeOutput, parse_chunk
+from carryover.router.tokens.answers import StreamMender
+from carryover.router.tokens.logprobs import resolve_logprobs
 
 __all__ = ["ChunkDerenderer", "Coalescer", "derendered_stream"]
 

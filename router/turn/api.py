@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from router.config import ModelConfig
-from router.pool import Instance
-from router.relay import DecodeOutput
-from router.turn.model import Leg, Prepared, Started, TurnRequest
-from router.turn.openai_api import OpenAIApi
-from router.turn.tokens_api import TokensApi
+from carryover.router.config import ModelConfig
+from carryover.router.fleet.pool import Instance
+from carryover.router.relay import DecodeOutput
+from carryover.router.turn.model import Leg, Prepared, Started, TurnRequest
+from carryover.router.turn.openai_api import OpenAIApi
+from carryover.router.turn.tokens_api import TokensApi
 
 if TYPE_CHECKING:
-    from router.turn.services import TurnServices
+    from carryover.router.turn.services import TurnServices
 
 __all__ = ["EngineApi", "engine_api"]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from router.ledger import Origin
-from router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
-from router.pool import Instance, streams_handles
-from router.relay import DecodeOutput
-from router.turn.model import Prepared, TurnRequest
-from router.turn.services import TurnServices
-from state import (
+from carryover.router.fleet.pool import Instance, streams_handles
+from carryover.router.ledger import Origin
+from carryover.router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
+from carryover.router.relay import DecodeOutput
+from carryover.router.turn.model import Prepared, TurnRequest
+from carryover.router.turn.services import TurnServices
+from carryover.state import (
     Committed,
     HashedTokens,
     Record,

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from router.errors import (
+from carryover.router.errors import (
     EngineFailed,
     EngineTimeout,
     EngineUnavailable,
@@ -22,17 +22,17 @@ from router.errors import (
     is_client_fault,
     sse_error,
 )
-from router.ledger import HeldHandle, Origin
-from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
-from router.policy import pick_decode
-from router.pool import Instance
-from router.relay import DecodeOutput
-from router.turn.api import engine_api
-from router.turn.commit import commit
-from router.turn.model import Prepared, Started, TurnPath, TurnRequest
-from router.turn.placement import cached_on, holding, note_choice
-from router.turn.prefill import run_prefill
-from router.turn.services import TurnServices
+from carryover.router.fleet.policy import pick_decode
+from carryover.router.fleet.pool import Instance
+from carryover.router.ledger import HeldHandle, Origin
+from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from carryover.router.relay import DecodeOutput
+from carryover.router.turn.api import engine_api
+from carryover.router.turn.commit import commit
+from carryover.router.turn.model import Prepared, Started, TurnPath, TurnRequest
+from carryover.router.turn.placement import cached_on, holding, note_choice
+from carryover.router.turn.prefill import run_prefill
+from carryover.router.turn.services import TurnServices
 
 __all__ = ["complete", "stream"]
 

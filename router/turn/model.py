@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
 
-from router.config import ModelConfig
-from router.kv.index import Cached, Prompt
-from router.ledger import HeldHandle
-from router.metrics import turn_label
-from router.pool import Instance, Lease
-from router.tracing import NO_TRACE, TurnTrace
-from state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
+from carryover.router.config import ModelConfig
+from carryover.router.fleet.pool import Instance, Lease
+from carryover.router.kv.index import Cached, Prompt
+from carryover.router.ledger import HeldHandle
+from carryover.router.metrics import turn_label
+from carryover.router.tracing import NO_TRACE, TurnTrace
+from carryover.state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
 
 __all__ = [
     "DONE_FRAME",

@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from router.fields import CHAT_FIELDS, COMPLETION_FIELDS
-from router.pool import Instance
-from router.relay import DecodeOutput
-from router.turn.model import Leg, Prepared, Started, TurnRequest
+from carryover.router.fields import CHAT_FIELDS, COMPLETION_FIELDS
+from carryover.router.fleet.pool import Instance
+from carryover.router.relay import DecodeOutput
+from carryover.router.turn.model import Leg, Prepared, Started, TurnRequest
 
 if TYPE_CHECKING:
-    from router.turn.services import TurnServices
+    from carryover.router.turn.services import TurnServices
 
 __all__ = ["OpenAIApi", "decode_body", "prefill_body"]
 

@@ -1,14 +1,14 @@
 """What the KV index says each instance holds of this turn's prompt, for the pickers in
-``router.policy``. The index only chooses instances; what is sent is decided by the plan."""
+``router.fleet.policy``. The index only chooses instances; what is sent is decided by the plan."""
 
 from __future__ import annotations
 
-from router.kv.index import Cached, Prompt
-from router.kv.warm import WarmOutcome, WarmTier
-from router.policy import Held
-from router.pool import Instance
-from router.turn.model import Prepared, TurnPath
-from router.turn.services import TurnServices
+from carryover.router.fleet.policy import Held
+from carryover.router.fleet.pool import Instance
+from carryover.router.kv.index import Cached, Prompt
+from carryover.router.kv.warm import WarmOutcome, WarmTier
+from carryover.router.turn.model import Prepared, TurnPath
+from carryover.router.turn.services import TurnServices
 
 __all__ = ["cached_on", "holding", "note_choice", "note_warm", "note_warm_stored"]
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
-from router.ledger import HeldHandle
-from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
-from router.policy import pick_prefill
-from router.pool import Instance
-from router.relay import DecodeOutput
-from router.turn.api import engine_api
-from router.turn.commit import release_replaced
-from router.turn.model import Prepared, TurnPath, TurnRequest
-from router.turn.placement import holding, note_choice, note_warm, note_warm_stored
-from router.turn.services import TurnServices
-from state import Path, Record, StoreUnavailable
+from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
+from carryover.router.fleet.policy import pick_prefill
+from carryover.router.fleet.pool import Instance
+from carryover.router.ledger import HeldHandle
+from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from carryover.router.relay import DecodeOutput
+from carryover.router.turn.api import engine_api
+from carryover.router.turn.commit import release_replaced
+from carryover.router.turn.model import Prepared, TurnPath, TurnRequest
+from carryover.router.turn.placement import holding, note_choice, note_warm, note_warm_stored
+from carryover.router.turn.services import TurnServices
+from carryover.state import Path, Record, StoreUnavailable
 
 __all__ = ["run_prefill"]
 

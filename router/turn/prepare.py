@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from router.errors import BadRequest, EngineUnavailable
-from router.fields import NON_TEXT_CONTENT, reuse_blockers
-from router.ledger import Origin
-from router.outcomes import LeftToExpire, ReleaseCause, RetryCause
-from router.pool import Instance
-from router.render.backends import RenderFailed
-from router.tokens.legs import mend_rendered
-from router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, path_of
-from router.turn.services import TurnServices
-from state import (
+from carryover.router.errors import BadRequest, EngineUnavailable
+from carryover.router.fields import NON_TEXT_CONTENT, reuse_blockers
+from carryover.router.fleet.pool import Instance
+from carryover.router.ledger import Origin
+from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from carryover.router.render.backends import RenderFailed
+from carryover.router.tokens.legs import mend_rendered
+from carryover.router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, path_of
+from carryover.router.turn.services import TurnServices
+from carryover.state import (
     ConversationKey,
     HashedTokens,
     NotDurable,

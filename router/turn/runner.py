@@ -15,22 +15,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from router.config import ModelConfig, RouterConfig
-from router.kv.service import KvEvents
-from router.ledger import HandleLedger, Origin
-from router.metrics import RouterMetrics
-from router.outcomes import LeftToExpire, ReleaseCause
-from router.pool import InstancePool
-from router.render.backends import Renderer
-from router.tenants.limits import TenantGate
-from router.tokens.check import TokensCheck
-from router.tokens.server import RenderServerClient
-from router.turn.decode import complete, stream
-from router.turn.model import Relay, TurnOutcome, TurnRequest
-from router.turn.prepare import prepare
-from router.turn.services import Planner, TurnServices
-from router.upstream import Upstream
-from state import Store, plan
+from carryover.router.config import ModelConfig, RouterConfig
+from carryover.router.engines.upstream import Upstream
+from carryover.router.fleet.pool import InstancePool
+from carryover.router.kv.service import KvEvents
+from carryover.router.ledger import HandleLedger, Origin
+from carryover.router.metrics import RouterMetrics
+from carryover.router.outcomes import LeftToExpire, ReleaseCause
+from carryover.router.render.backends import Renderer
+from carryover.router.tenants.limits import TenantGate
+from carryover.router.tokens.check import TokensCheck
+from carryover.router.tokens.server import RenderServerClient
+from carryover.router.turn.decode import complete, stream
+from carryover.router.turn.model import Relay, TurnOutcome, TurnRequest
+from carryover.router.turn.prepare import prepare
+from carryover.router.turn.services import Planner, TurnServices
+from carryover.state import Store, plan
 
 __all__ = ["TurnRunner"]
 

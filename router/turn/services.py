@@ -14,22 +14,22 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from router.config import ModelConfig, RouterConfig
-from router.errors import UpstreamError
-from router.kv.service import KvEvents
-from router.ledger import HandleLedger, HeldHandle
-from router.metrics import Histogram, RouterMetrics
-from router.outcomes import ReleaseCause
-from router.policy import Affinity, pick_prefill
-from router.pool import InstancePool
-from router.render.backends import Renderer
-from router.tenants.limits import TenantGate
-from router.tokens.check import TokensCheck
-from router.tokens.server import RenderServerClient
-from router.turn.api import engine_api
-from router.turn.model import TurnRequest
-from router.upstream import Upstream
-from state import HashedTokens, Plan, PlanSettings, Record, Store, plan, release_handle
+from carryover.router.config import ModelConfig, RouterConfig
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import UpstreamError
+from carryover.router.fleet.policy import Affinity, pick_prefill
+from carryover.router.fleet.pool import InstancePool
+from carryover.router.kv.service import KvEvents
+from carryover.router.ledger import HandleLedger, HeldHandle
+from carryover.router.metrics import Histogram, RouterMetrics
+from carryover.router.outcomes import ReleaseCause
+from carryover.router.render.backends import Renderer
+from carryover.router.tenants.limits import TenantGate
+from carryover.router.tokens.check import TokensCheck
+from carryover.router.tokens.server import RenderServerClient
+from carryover.router.turn.api import engine_api
+from carryover.router.turn.model import TurnRequest
+from carryover.state import HashedTokens, Plan, PlanSettings, Record, Store, plan, release_handle
 
 __all__ = ["Planner", "TurnServices"]
 

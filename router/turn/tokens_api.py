@@ -12,24 +12,24 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from tokenizers import Tokenizer
 
-from router.errors import UpstreamError
-from router.outcomes import NoHandleCause
-from router.pool import Instance
-from router.relay import DecodeOutput
-from router.tokens.answers import StreamMender, mend_whole
-from router.tokens.detok import LocalDetokenizer
-from router.tokens.legs import (
+from carryover.router.errors import UpstreamError
+from carryover.router.fleet.pool import Instance
+from carryover.router.outcomes import NoHandleCause
+from carryover.router.relay import DecodeOutput
+from carryover.router.tokens.answers import StreamMender, mend_whole
+from carryover.router.tokens.detok import LocalDetokenizer
+from carryover.router.tokens.legs import (
     GENERATE_PATH,
     capture_request,
     decode_request,
     prefill_request,
     release_request,
 )
-from router.tokens.stream import Coalescer, derendered_stream
-from router.turn.model import Leg, Prepared, Started, TokensPrompt, TurnRequest
+from carryover.router.tokens.stream import Coalescer, derendered_stream
+from carryover.router.turn.model import Leg, Prepared, Started, TokensPrompt, TurnRequest
 
 if TYPE_CHECKING:
-    from router.turn.services import TurnServices
+    from carryover.router.turn.services import TurnServices
 
 __all__ = ["TokensApi", "plain_detokenizer"]
 

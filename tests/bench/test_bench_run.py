@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.multiturn import run_arms
-from bench.report import Slo
-from bench.workload import Distribution, WorkloadSpec, generate
+from carryover.bench.multiturn import run_arms
+from carryover.bench.report import Slo
+from carryover.bench.workload import Distribution, WorkloadSpec, generate
 
 
 def test_short_bench_run_writes_every_arm(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.proctree import tree
+from carryover.bench.proctree import tree
 from tests.support.waiting import eventually_sync
 
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from bench.instructions import run_instructions
+from carryover.bench.instructions import run_instructions
 
 
 def test_a_short_run_counts_instructions_per_turn(tmp_path: Path) -> None:

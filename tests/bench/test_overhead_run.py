@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.overhead import Peer, parse_peer, run_overhead
+from carryover.bench.overhead import Peer, parse_peer, run_overhead
 
 MODES = ("completions", "stream", "chat")
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.multiturn import arm_flags
-from bench.report import Slo, build_report, percentile, render_markdown
-from bench.runner import TurnRecord
+from carryover.bench.multiturn import arm_flags
+from carryover.bench.report import Slo, build_report, percentile, render_markdown
+from carryover.bench.runner import TurnRecord
 
 
 def test_percentile_matches_linear_interpolation() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.tenant_salt import run_tenant_salt
+from carryover.bench.tenant_salt import run_tenant_salt
 
 
 def test_salted_tenants_each_compute_the_shared_prompt_once(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ import random
 import statistics
 from pathlib import Path
 
-from bench.workload import Distribution, WorkloadSpec, generate, read_conversations
+from carryover.bench.workload import Distribution, WorkloadSpec, generate, read_conversations
 
 
 def test_distributions() -> None:

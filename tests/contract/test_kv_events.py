@@ -12,13 +12,13 @@ from contextlib import asynccontextmanager
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from bench.sim.kv_events import KvEventPublisher, KVEventsSettings
-from router.config import WarmTierConfig
-from router.kv.events import BlockStored
-from router.kv.index import InstanceBlocks, Prompt
-from router.kv.metrics import KvMetrics
-from router.kv.subscriber import EventSubscriber
-from router.kv.warm import WarmTier
+from carryover.bench.sim.kv_events import KvEventPublisher, KVEventsSettings
+from carryover.router.config import WarmTierConfig
+from carryover.router.kv.events import BlockStored
+from carryover.router.kv.index import InstanceBlocks, Prompt
+from carryover.router.kv.metrics import KvMetrics
+from carryover.router.kv.subscriber import EventSubscriber
+from carryover.router.kv.warm import WarmTier
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 

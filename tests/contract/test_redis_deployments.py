@@ -13,11 +13,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.redis_server import RedisServer
-from bench.redis_topologies import RedisCluster, RedisSentinels
-from router.config import ConfigError, InstanceConfig, ModelConfig, RedisOptions, RouterConfig
-from router.store import check_store, open_store
-from state import (
+from carryover.bench.redis_server import RedisServer
+from carryover.bench.redis_topologies import RedisCluster, RedisSentinels
+from carryover.router.config import (
+    ConfigError,
+    InstanceConfig,
+    ModelConfig,
+    RedisOptions,
+    RouterConfig,
+)
+from carryover.router.store import check_store, open_store
+from carryover.state import (
     Committed,
     ConversationKey,
     Durability,

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from bench.redis_server import RedisServer
-from state import ConversationKey, RedisStore, StoreUnavailable
+from carryover.bench.redis_server import RedisServer
+from carryover.state import ConversationKey, RedisStore, StoreUnavailable
 from tests.support.records import make_record
 
 KEY = ConversationKey("acme", "m", "c1")

@@ -1,5 +1,5 @@
 """Pressure relief across processes: every worker of every replica probes the same usage of a
-full decode instance, and together they give back what one process would (router/pressure.py)."""
+full decode instance, and together they give back what one process would (router/fleet/pressure.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import uuid
 
 import msgspec
 
-from bench.redis_server import RedisServer
-from router.config import InstanceConfig, ModelConfig
-from router.ledger import HandleLedger
-from router.metrics import RouterMetrics
-from router.pool import Breaker, Instance
-from router.pressure import Release, relieve, share_to_release
-from state import ConversationKey, MemoryStore, Record, RedisStore
+from carryover.bench.redis_server import RedisServer
+from carryover.router.config import InstanceConfig, ModelConfig
+from carryover.router.fleet.pool import Breaker, Instance
+from carryover.router.fleet.pressure import Release, relieve, share_to_release
+from carryover.router.ledger import HandleLedger
+from carryover.router.metrics import RouterMetrics
+from carryover.state import ConversationKey, MemoryStore, Record, RedisStore
 from tests.support.records import make_record
 
 HIGH, LOW = 0.9, 0.75

@@ -9,9 +9,9 @@ import time
 import pytest
 import redis
 
-from bench.redis_server import RedisServer
-from state import ConversationKey, RedisStore, StoreUnavailable
-from state.resp import Address, ReplyError, RespChannel, RespConnectionError, Script
+from carryover.bench.redis_server import RedisServer
+from carryover.state import ConversationKey, RedisStore, StoreUnavailable
+from carryover.state.resp import Address, ReplyError, RespChannel, RespConnectionError, Script
 from tests.support.records import make_record
 
 KEY = ConversationKey("acme", "m", "c1")

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from bench.redis_server import RedisServer
-from state import (
+from carryover.bench.redis_server import RedisServer
+from carryover.state import (
     Committed,
     ConversationKey,
     Held,

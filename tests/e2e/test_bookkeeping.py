@@ -18,7 +18,7 @@ TEXT = "Tell me slowly about the lighthouse keeper and the long winter nights on
 async def in_flight(s: Stack, url: str) -> float:
     name = url.removeprefix("http://")
     metrics = await ascrape(s.client, s.router.url)
-    # Every configured instance has its series from the router's start (router/pool.py): a
+    # Every configured instance has its series from the router's start (router/fleet/pool.py): a
     # missing one is a fault of the count, not a zero.
     return metrics[f"carryover_instance_in_flight{{server={name}}}"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.redis_server import RedisServer
+from carryover.bench.redis_server import RedisServer
 from tests.support.metrics import ascrape, turns_by_path
 from tests.support.stack import Stack, chat_turn, reference_chat, stack
 from tests.support.waiting import eventually

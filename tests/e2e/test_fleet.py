@@ -1,5 +1,5 @@
 """Admin actions for a fleet: a drain sent to one worker of one replica reaches every worker of
-every replica (router/fleet.py, through the shared store)."""
+every replica (router/fleet/draining.py, through the shared store)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.redis_server import RedisServer
+from carryover.bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
 from tests.support.stack import chat_turn, first_turn, held_by, reference_chat, stack
 from tests.support.waiting import eventually

@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.sim.server import SimServer
+from carryover.bench.sim.server import SimServer
 from tests.support.metrics import ascrape, turns_by_path
 from tests.support.stack import Stack, chat_turn, first_turn, held_by, reference_chat, stack
 from tests.support.waiting import eventually

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from router.report.cli import main as report_main
+from carryover.router.report.cli import main as report_main
 from tests.support.metrics import ascrape
 from tests.support.ports import free_port
 from tests.support.sims import running, sim_config

@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from router.report.cli import main as report_main
-from router.report.prometheus import window
-from router.report.summary import summarize
+from carryover.router.report.cli import main as report_main
+from carryover.router.report.prometheus import window
+from carryover.router.report.summary import summarize
 from tests.support.prometheus import Prometheus, prometheus
 from tests.support.stack import alternating_conversations, stack
 

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.redis_server import RedisServer
+from carryover.bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
 from tests.support.stack import chat_turn, stack
 from tests.support.waiting import eventually

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.redis_server import RedisServer
+from carryover.bench.redis_server import RedisServer
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:

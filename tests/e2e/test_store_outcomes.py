@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from bench.redis_server import RedisServer
+from carryover.bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
 from tests.support.stack import chat_turn, completion_turn, first_turn, reference_chat, stack
 from tests.support.waiting import eventually

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.redis_server import RedisServer
+from carryover.bench.redis_server import RedisServer
 from tests.support.metrics import ascrape
 from tests.support.secrets import REDIS_PASSWORD as PASSWORD
 from tests.support.secrets import register

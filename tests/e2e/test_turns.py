@@ -127,7 +127,7 @@ async def test_unchecked_reuse_gives_wrong_answers(tmp_path: Path) -> None:
     async with stack(
         tmp_path,
         sim={"threshold": 16},
-        router_flags=("--planner", "bench.unchecked:plan_unchecked"),
+        router_flags=("--planner", "carryover.bench.unchecked:plan_unchecked"),
     ) as s:
         with pytest.raises(AssertionError, match="differs from the no-reuse reference"):
             await run_chat_conversation(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.sim.warm_tier import SimWarmTier
+from carryover.bench.sim.warm_tier import SimWarmTier
 from tests.support.metrics import ascrape, turns_by_path
 from tests.support.stack import Stack, chat_turn, first_turn, reference_chat, stack
 from tests.support.waiting import eventually

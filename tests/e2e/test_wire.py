@@ -1,6 +1,6 @@
-"""The production wire (router/h1.py) against real sockets on loopback that misbehave on
+"""The production wire (router/engines/h1.py) against real sockets on loopback that misbehave on
 purpose: every failure maps to the error the turn logic retries, or does not retry, by
-(router/wire.py), and a connection goes back to the pool only after a whole, keep-alive
+(router/engines/wire.py), and a connection goes back to the pool only after a whole, keep-alive
 exchange."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from router.config import Timeouts
-from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
-from router.h1 import H1Wire
-from router.upstream import Upstream
+from carryover.router.config import Timeouts
+from carryover.router.engines.h1 import H1Wire
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import EngineFailed, EngineTimeout, EngineUnavailable
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 

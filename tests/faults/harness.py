@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from bench.redis_server import RedisServer
-from bench.redis_topologies import RedisCluster, RedisSentinels
-from bench.sim.render_server import RenderSimConfig, SimRenderServer
-from bench.sim.server import SimServer
+from carryover.bench.redis_server import RedisServer
+from carryover.bench.redis_topologies import RedisCluster, RedisSentinels
+from carryover.bench.sim.render_server import RenderSimConfig, SimRenderServer
+from carryover.bench.sim.server import SimServer
 from tests.support.metrics import ascrape, ledger_open
 from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import pytest
 
-from bench.faults_report import FaultRow, write_faults_report
+from carryover.bench.faults_report import FaultRow, write_faults_report
 from tests.faults.harness import Harness, Outcome, harness, steady_load
 from tests.support.waiting import eventually
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.procs import Process, Topology
+from carryover.bench.procs import Process, Topology
 
 
 @pytest.fixture(scope="module")

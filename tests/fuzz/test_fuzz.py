@@ -10,7 +10,7 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.procs import Process
+from carryover.bench.procs import Process
 
 BUDGET = settings(
     max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True

@@ -18,8 +18,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from bench.procs import Process
-from router.api_schema import openapi_document
+from carryover.bench.procs import Process
+from carryover.router.http.api_schema import openapi_document
 
 # schemathesis gives every operation's test one node id, which pytest-xdist schedules once:
 # this module runs in make test's session without workers.

@@ -36,9 +36,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.real.launch import EngineDied, VllmPair
-from bench.real.lmcache import LmcacheServer
-from bench.redis_server import RedisServer
+from carryover.bench.real.launch import EngineDied, VllmPair
+from carryover.bench.real.lmcache import LmcacheServer
+from carryover.bench.redis_server import RedisServer
 from tests.real.served import SERVER_PARSERS, ServedAnswers, record_served_answers
 from tests.support.http import ResendStaleGets
 from tests.support.router_proc import RouterProcess

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from bench.real.launch import SERVED_NAME, VllmPair
+from carryover.bench.real.launch import SERVED_NAME, VllmPair
 from tests.support.metrics import ascrape
 
 BLOCK = 128

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from bench.real.launch import SERVED_NAME
+from carryover.bench.real.launch import SERVED_NAME
 from tests.real.helpers import text
 
 __all__ = [

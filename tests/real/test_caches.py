@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.real.launch import VllmPair
-from bench.redis_server import RedisServer
+from carryover.bench.real.launch import VllmPair
+from carryover.bench.redis_server import RedisServer
 from tests.real.conftest import routed
 from tests.real.helpers import (
     BLOCK,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.real.launch import VllmPair
-from bench.real.process import worker_pids
+from carryover.bench.real.launch import VllmPair
+from carryover.bench.real.process import worker_pids
 
 pytestmark = [pytest.mark.real, pytest.mark.engines("pd")]
 

@@ -12,10 +12,10 @@ import httpx
 import msgspec
 import pytest
 
-from bench.real.launch import VllmPair
-from bench.redis_server import RedisServer
-from router.auth import DEFAULT_TENANT
-from state import ConversationKey, RedisStore
+from carryover.bench.real.launch import VllmPair
+from carryover.bench.redis_server import RedisServer
+from carryover.router.http.auth import DEFAULT_TENANT
+from carryover.state import ConversationKey, RedisStore
 from tests.real.conftest import D_TTL
 from tests.real.helpers import (
     BLOCK,

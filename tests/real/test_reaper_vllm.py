@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from bench.real.env import python
+from carryover.bench.real.env import python
 from tests.support.reaper import MARK_VARIABLE, marked_pids
 
 pytestmark = pytest.mark.real

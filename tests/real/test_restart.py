@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.real.launch import VllmPair
-from bench.redis_server import RedisServer
+from carryover.bench.real.launch import VllmPair
+from carryover.bench.redis_server import RedisServer
 from tests.real.conftest import Engines, routed
 from tests.real.helpers import chat, same_output, text, urls
 from tests.support.metrics import ascrape

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.real.launch import VllmPair
-from state import HashedTokens, chunk_size_for
+from carryover.bench.real.launch import VllmPair
+from carryover.state import HashedTokens, chunk_size_for
 from tests.real.helpers import (
     BLOCK,
     SERVED_NAME,

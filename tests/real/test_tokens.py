@@ -18,14 +18,14 @@ import httpx
 import msgspec
 import pytest
 
-from bench.real.launch import VllmPair
-from bench.real.render import RenderServerProcess
-from bench.redis_server import RedisServer
-from router.config import Timeouts
-from router.tokens.answers import StreamMender, mend_whole
-from router.tokens.server import RenderServerClient
-from router.tokens.stream import Coalescer
-from router.upstream import Upstream
+from carryover.bench.real.launch import VllmPair
+from carryover.bench.real.render import RenderServerProcess
+from carryover.bench.redis_server import RedisServer
+from carryover.router.config import Timeouts
+from carryover.router.engines.upstream import Upstream
+from carryover.router.tokens.answers import StreamMender, mend_whole
+from carryover.router.tokens.server import RenderServerClient
+from carryover.router.tokens.stream import Coalescer
 from tests.real.conftest import Engines, module_router, router_flags
 from tests.real.helpers import COMPUTED, HITS, PULLED, SERVED_NAME, text, urls
 from tests.real.served import (

@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.real.launch import VllmPair
-from bench.real.lmcache import CHUNK
-from bench.redis_server import RedisServer
+from carryover.bench.real.launch import VllmPair
+from carryover.bench.real.lmcache import CHUNK
+from carryover.bench.redis_server import RedisServer
 from tests.real.conftest import Engines, routed
 from tests.real.helpers import (
     COMPUTED,

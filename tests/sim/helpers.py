@@ -4,7 +4,7 @@ from typing import Any
 
 import httpx
 
-from bench.sim.server import SimServer
+from carryover.bench.sim.server import SimServer
 from tests.support.sims import MODEL
 
 LONG = (

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.sim.kv import SEED, BlockPool, chain
-from bench.sim.server import SimServer
+from carryover.bench.sim.kv import SEED, BlockPool, chain
+from carryover.bench.sim.server import SimServer
 from tests.sim.helpers import LONG, chat_body, output_ids, pd_chat, post, reference, tokenize, user
 from tests.support.metrics import ascrape
 from tests.support.sims import MODEL, pd_pair, running, sim_config

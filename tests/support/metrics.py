@@ -7,8 +7,8 @@ from collections import Counter
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.report.samples import parse as parse_samples
-from router.report.summary import summarize
+from carryover.router.report.samples import parse as parse_samples
+from carryover.router.report.summary import summarize
 from tests.support.waiting import eventually
 
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from bench.ports import free_port
+from carryover.bench.ports import free_port
 
 __all__ = ["free_port"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from state import HashedTokens, Record
+from carryover.state import HashedTokens, Record
 
 
 def make_record(

@@ -43,7 +43,7 @@ class RouterProcess:
         # (and a parameter can be a key, which the scan on stop would rightly find).
         env.pop("PYTEST_CURRENT_TEST", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "router", "serve", *self.args],
+            [sys.executable, "-m", "carryover", "serve", *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -7,11 +7,11 @@ from contextlib import asynccontextmanager
 from functools import cache
 from typing import Any
 
-from bench.sim.config import KVConnectorExtra, KVTransferConfig, SimConfig
-from bench.sim.kv_events import KVEventsSettings
-from bench.sim.server import SimServer
-from bench.sim.timing import Timing
-from router.render.chat_template import ChatTemplate
+from carryover.bench.sim.config import KVConnectorExtra, KVTransferConfig, SimConfig
+from carryover.bench.sim.kv_events import KVEventsSettings
+from carryover.bench.sim.server import SimServer
+from carryover.bench.sim.timing import Timing
+from carryover.router.render.chat_template import ChatTemplate
 from tests.support.ports import free_port
 
 MODEL = "sim-qwen3"

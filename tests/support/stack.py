@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from bench.sim.render_server import RenderSimConfig, SimRenderServer
-from bench.sim.server import SimServer
-from bench.sim.warm_tier import SimWarmTier
+from carryover.bench.sim.render_server import RenderSimConfig, SimRenderServer
+from carryover.bench.sim.server import SimServer
+from carryover.bench.sim.warm_tier import SimWarmTier
 from tests.support.metrics import ascrape, assert_ledger_balanced, parse
 from tests.support.ports import free_port
 from tests.support.router_proc import RouterProcess

@@ -8,12 +8,12 @@ from typing import cast
 
 import pytest
 
-from router.cli import load_config
-from router.errors import EngineFailed
-from router.metrics import RouterMetrics
-from router.pool import Breaker, Instance, InstancePool
-from router.upstream import Upstream
-from state import MemoryStore
+from carryover.router.cli import load_config
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import EngineFailed
+from carryover.router.fleet.pool import Breaker, Instance, InstancePool
+from carryover.router.metrics import RouterMetrics
+from carryover.state import MemoryStore
 from tests.support.metrics import parse
 
 

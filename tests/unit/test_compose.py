@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 import yaml
 
-from bench.sim.config import parse_sim_args
-from router.cli import load_config
-from state.redis_url import Topology, parse_redis_url
+from carryover.bench.sim.config import parse_sim_args
+from carryover.router.cli import load_config
+from carryover.state.redis_url import Topology, parse_redis_url
 
 COMPOSE = Path(__file__).parents[2] / "compose.yaml"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from router.cli import load_config
-from router.config import ConfigError
+from carryover.router.cli import load_config
+from carryover.router.config import ConfigError
 
 README = Path(__file__).parents[2] / "README.md"
 

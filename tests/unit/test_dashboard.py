@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from router.kv.metrics import KvMetrics
-from router.metrics import RouterMetrics
+from carryover.router.kv.metrics import KvMetrics
+from carryover.router.metrics import RouterMetrics
 
 GRAFANA = Path(__file__).parents[2] / "deploy" / "grafana"
 #: Engine metrics the dashboard reads (vLLM 0.32, vllm/v1/metrics/loggers.py).

@@ -3,7 +3,7 @@ of data-parallel ranks behind the engine."""
 
 from __future__ import annotations
 
-from router.engine_gauges import parse_gauges
+from carryover.router.engines.gauges import parse_gauges
 
 TWO_RANKS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -1,14 +1,14 @@
-"""A decode restart's epoch bump, as routers make it in the store (router/pool.py)."""
+"""A decode restart's epoch bump, as routers make it in the store (router/fleet/pool.py)."""
 
 from __future__ import annotations
 
 from typing import cast
 
-from router.cli import load_config
-from router.metrics import RouterMetrics
-from router.pool import InstancePool
-from router.upstream import Upstream
-from state import MemoryStore
+from carryover.router.cli import load_config
+from carryover.router.engines.upstream import Upstream
+from carryover.router.fleet.pool import InstancePool
+from carryover.router.metrics import RouterMetrics
+from carryover.state import MemoryStore
 
 
 async def test_a_bump_the_store_lost_is_made_again_at_the_next_probe() -> None:

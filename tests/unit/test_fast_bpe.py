@@ -13,9 +13,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from router.render.chat_template import ChatTemplate, bundled_qwen3_dir
-from router.render.fast_bpe import FastBpe, fast_bpe_for, refusal
-from router.render.spans import SpanEncoder
+from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
+from carryover.router.render.fast_bpe import FastBpe, fast_bpe_for, refusal
+from carryover.router.render.spans import SpanEncoder
 
 
 @cache

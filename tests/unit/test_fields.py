@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from router.errors import BadRequest
-from router.fields import (
+from carryover.router.errors import BadRequest
+from carryover.router.fields import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
     NON_TEXT_CONTENT,
@@ -17,8 +17,8 @@ from router.fields import (
     refused_field,
     reuse_blockers,
 )
-from router.openai import parse_body
-from router.render.backends import EngineTokenize
+from carryover.router.openai import parse_body
+from carryover.router.render.backends import EngineTokenize
 
 # The fields of ChatCompletionRequest and CompletionRequest in vLLM 0.33.0
 # (vllm/entrypoints/openai/chat_completion/protocol.py, .../completion/protocol.py).
@@ -258,9 +258,9 @@ def test_the_docs_table_is_the_code_table() -> None:
 def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bool) -> None:
     """P's body is built from an allow-list (a field vLLM adds later could make P render the
     prompt itself); D's keeps every field. One field of each class, and one unknown."""
-    from router.config import InstanceConfig, ModelConfig
-    from router.turn.model import TurnRequest
-    from router.turn.openai_api import decode_body, prefill_body
+    from carryover.router.config import InstanceConfig, ModelConfig
+    from carryover.router.turn.model import TurnRequest
+    from carryover.router.turn.openai_api import decode_body, prefill_body
 
     table = CHAT_FIELDS if chat else COMPLETION_FIELDS
     sample = {

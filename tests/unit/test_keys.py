@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from state import MAX_ID_LENGTH, ConversationKey, InvalidIdentifier, validate_identifier
+from carryover.state import MAX_ID_LENGTH, ConversationKey, InvalidIdentifier, validate_identifier
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,21 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2]
 
 
+def _top(module: str) -> str:
+    """The part of the project a module belongs to: ``carryover.router.x`` is ``router``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "carryover" and len(parts) > 1 else parts[0]
+
+
 def imports_of(folder: str) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for path in (ROOT / folder).rglob("*.py"):
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                names |= {alias.name.split(".")[0] for alias in node.names}
+                names |= {_top(alias.name) for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
+                names.add(_top(node.module))
         found[str(path.relative_to(ROOT))] = names
     return found
 
@@ -33,18 +39,21 @@ def test_state_imports_no_router_http_or_web_framework() -> None:
 def test_router_does_not_import_bench() -> None:
     # `carryover sim|bench|demo` are dispatched by the umbrella command (carryover/cli.py).
     for path, names in imports_of("router").items():
-        assert not names & {"bench", "carryover"}, path
+        assert not names & {"bench", "cli"}, path
 
 
 def test_the_simulator_uses_only_public_pieces_of_router() -> None:
     # The chat template, and vLLM's KV-event wire format (the real tier checks that mirror
     # against vLLM itself).
-    public = ("from router.render.chat_template import", "from router.kv.events import")
+    public = (
+        "from carryover.router.render.chat_template import",
+        "from carryover.router.kv.events import",
+    )
     for path, names in imports_of("bench/sim").items():
         if "router" in names:
             lines = (ROOT / path).read_text().splitlines()
             for line in lines:
-                if line.startswith(("from router", "import router")):
+                if line.startswith(("from carryover.router", "import carryover.router")):
                     assert line.startswith(public), (path, line)
 
 
@@ -53,7 +62,7 @@ def test_the_router_runs_without_the_bench_extra() -> None:
     assert not any(d.startswith("matplotlib") for d in project["dependencies"])
     assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["bench"])
     probe = (
-        "import sys, router.app, router.cli, carryover.cli, bench.sim.server;"
+        "import sys, router.http.app, router.cli, carryover.cli, bench.sim.server;"
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)
@@ -66,11 +75,11 @@ def test_the_supervisor_of_several_workers_leaves_the_app_to_them() -> None:
 import sys, uvicorn
 def run(app, **options):
     assert options["workers"] == 2 and options["factory"], options
-    loaded = {"router.app", "litestar", "tokenizers", "redis"} & set(sys.modules)
+    loaded = {"carryover.router.http.app", "litestar", "tokenizers", "redis"} & set(sys.modules)
     assert not loaded, loaded
     print("served")
 uvicorn.run = run
-from router.cli import main
+from carryover.router.cli import main
 main(["serve", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10",
       "--workers", "2", "--redis", "redis://127.0.0.1:9/0"])
 """
@@ -81,12 +90,28 @@ main(["serve", "--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:
 
 
 def test_a_worker_loads_neither_redis_py_nor_httpx() -> None:
-    # The store speaks RESP itself (state/resp.py) and engine calls go over router/h1.py:
+    # The store speaks RESP itself (state/resp.py) and engine calls go over router/engines/h1.py:
     # redis-py's package alone is ~20 MiB of a worker's resident memory, httpx ~10. Tests,
-    # benchmarks and the in-process fakes (router/wire_httpx.py) may still use them.
+    # benchmarks and the in-process fakes (router/engines/wire_httpx.py) may still use them.
     probe = (
-        "import sys, router.asgi, router.app, router.upstream, state.redis_store;"
+        "import sys, carryover.router.http.asgi, carryover.router.http.app,"
+        " carryover.router.engines.upstream, carryover.state.redis_store;"
         "loaded = {'redis', 'httpx'} & set(sys.modules);"
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=ROOT)
+
+
+def test_nothing_imports_the_projects_folders_by_their_checkout_names() -> None:
+    # In a checkout router/, state/ and bench/ are importable from the top too; a module reached
+    # both ways would load twice, with two copies of its state. The wheel has only carryover.
+    for folder in ("carryover", "router", "state", "bench", "tests"):
+        for path in imports_of(folder):
+            lines = (ROOT / path).read_text().splitlines()
+            bare = [
+                line
+                for line in lines
+                if line.lstrip().startswith(("from router", "from state", "from bench"))
+                or line.lstrip().startswith(("import router", "import state", "import bench"))
+            ]
+            assert not bare, (path, bare)

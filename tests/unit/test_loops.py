@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from state.loops import Deadline, RunningLoop
+from carryover.state.loops import Deadline, RunningLoop
 
 
 def test_running_loop_is_the_running_one_across_runs_and_threads() -> None:

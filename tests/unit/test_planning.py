@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 
-from state import HashedTokens, Path, Reason, plan
+from carryover.state import HashedTokens, Path, Reason, plan
 from tests.support.records import make_record
 
 

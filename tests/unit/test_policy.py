@@ -1,4 +1,4 @@
-"""Choosing P and D (router/policy.py): most of the prompt held wins within the slack when it
+"""Choosing P and D (router/fleet/policy.py): most of the prompt held wins within the slack when it
 saves enough for its extra load; load decides past it, and when nobody holds anything."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from router.config import InstanceConfig, ModelConfig
-from router.policy import Affinity, pick_decode, pick_prefill
-from router.pool import Breaker, Instance
+from carryover.router.config import InstanceConfig, ModelConfig
+from carryover.router.fleet.policy import Affinity, pick_decode, pick_prefill
+from carryover.router.fleet.pool import Breaker, Instance
 
 MODEL = ModelConfig(prefill=[InstanceConfig("http://p:1")], decode=[InstanceConfig("http://d:1")])
 

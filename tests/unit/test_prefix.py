@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from state import (
+from carryover.state import (
     HashedTokens,
     Path,
     PlanSettings,
@@ -18,7 +18,7 @@ from state import (
     release_handle,
     truncate_handle,
 )
-from state.prefix import plan_reuse
+from carryover.state.prefix import plan_reuse
 
 
 def make_handle(tokens: int, block_size: int, groups: int = 1) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.pressure import share_to_release
+from carryover.router.fleet.pressure import share_to_release
 
 
 @pytest.mark.parametrize(

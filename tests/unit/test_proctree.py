@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import proctree
+from carryover.bench import proctree
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_children_of_a_killed_run_die(tmp_path: Path, signum: signal.Signals) ->
 def test_the_run_finds_its_redis_servers(tmp_path: Path, sentinel: bool) -> None:
     # redis-server rewrites its process title over the memory /proc/PID/environ reads, which
     # would hide the run's mark from the watchdog: a killed run would leave it running.
-    from bench.redis_server import RedisServer
+    from carryover.bench.redis_server import RedisServer
     from tests.support.reaper import MARK_VARIABLE, marked_pids
 
     server = RedisServer(tmp_path / "redis", sentinel=sentinel)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from state.relief import largest_holders_first
+from carryover.state.relief import largest_holders_first
 
 
 def test_the_largest_holder_gives_back_first_then_the_oldest_among_equals() -> None:

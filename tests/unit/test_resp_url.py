@@ -6,9 +6,9 @@ import ssl
 
 import pytest
 
-from state.redis_url import Topology, parse_redis_url
-from state.resp import Address, Arg, Tls, pack
-from state.slots import SLOTS, key_slot, shard_tags
+from carryover.state.redis_url import Topology, parse_redis_url
+from carryover.state.resp import Address, Arg, Tls, pack
+from carryover.state.slots import SLOTS, key_slot, shard_tags
 
 
 @pytest.mark.parametrize(
@@ -143,7 +143,7 @@ def test_shard_tags_spread_evenly_over_the_slot_ranges() -> None:
 
 
 def test_sentinels_are_reached_with_the_data_nodes_tls_files() -> None:
-    from state.sentinel import SentinelChannel
+    from carryover.state.sentinel import SentinelChannel
 
     ca = ssl.get_default_verify_paths().cafile
     assert ca is not None

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-from router.render.chat_template import bundled_qwen3_dir
-from router.render.sandbox import ChatTemplateSandbox
+from carryover.router.render.chat_template import bundled_qwen3_dir
+from carryover.router.render.sandbox import ChatTemplateSandbox
 
 QWEN3 = json.loads((bundled_qwen3_dir() / "tokenizer_config.json").read_text())["chat_template"]
 

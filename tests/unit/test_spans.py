@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.render.chat_template import ChatTemplate, bundled_qwen3_dir
-from router.render.fast_bpe import fast_bpe_for
-from router.render.spans import SpanEncoder
+from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
+from carryover.router.render.fast_bpe import fast_bpe_for
+from carryover.router.render.spans import SpanEncoder
 
 ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>"]
 

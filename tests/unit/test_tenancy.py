@@ -5,18 +5,18 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from router.cli import load_config
-from router.config import TenantLimits
-from router.errors import (
+from carryover.router.cli import load_config
+from carryover.router.config import TenantLimits
+from carryover.router.errors import (
     BadRequest,
     EngineFailed,
     EngineTimeout,
     EngineUnavailable,
     TooManyRequests,
 )
-from router.tenants.limits import TenantGate
-from router.tenants.salt import CacheSalts, check_client_salt
-from state import TenantUsage
+from carryover.router.tenants.limits import TenantGate
+from carryover.router.tenants.salt import CacheSalts, check_client_salt
+from carryover.state import TenantUsage
 
 
 def test_salts_differ_by_tenant_and_client_salt_and_no_pair_passes_for_another() -> None:
@@ -109,8 +109,8 @@ def test_a_model_name_the_engines_have_not_confirmed_is_never_a_label() -> None:
     from types import SimpleNamespace
     from typing import cast
 
-    from router.services import Services, conversation_key, resolve_model
-    from router.turn.model import TurnRequest
+    from carryover.router.http.services import Services, conversation_key, resolve_model
+    from carryover.router.turn.model import TurnRequest
 
     config = load_config(["--prefill", "http://p:1", "--decode", "http://d:1"], environ={})
     services = cast(Services, SimpleNamespace(config=config, model_names={}))

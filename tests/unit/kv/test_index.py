@@ -7,7 +7,7 @@ import hashlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.kv.events import (
+from carryover.router.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -15,7 +15,7 @@ from router.kv.events import (
     decode_batch,
     encode_batch,
 )
-from router.kv.index import Cached, InstanceBlocks, KvIndex, Prompt, Skipped
+from carryover.router.kv.index import Cached, InstanceBlocks, KvIndex, Prompt, Skipped
 
 SIZE = 4
 

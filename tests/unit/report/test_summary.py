@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from router.report.cli import parse_duration
-from router.report.samples import delta, merge, parse
-from router.report.summary import markdown, quantile, summarize
+from carryover.router.report.cli import parse_duration
+from carryover.router.report.samples import delta, merge, parse
+from carryover.router.report.summary import markdown, quantile, summarize
 
 INF = math.inf
 

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from litestar import Litestar
 
-from router.app import create_app
-from router.cli import load_config
-from state import Committed, ConversationKey, MemoryStore, Record
+from carryover.router.cli import load_config
+from carryover.router.http.app import create_app
+from carryover.state import Committed, ConversationKey, MemoryStore, Record
 from tests.support.metrics import parse
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import FakeEngine, FakeFleet, assert_ledger_balanced

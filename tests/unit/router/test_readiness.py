@@ -1,4 +1,4 @@
-"""``/ready`` says whether this router can serve a turn now (router/readiness.py)."""
+"""``/ready`` says whether this router can serve a turn now (router/http/readiness.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from router.app import create_app
-from router.cli import load_config
+from carryover.router.cli import load_config
+from carryover.router.http.app import create_app
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import FakeEngine, FakeFleet
 

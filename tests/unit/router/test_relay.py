@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from router.relay import DecodeOutput
+from carryover.router.relay import DecodeOutput
 
 
 def test_the_answer_text_of_the_first_choice_is_collected_from_a_body_and_a_stream() -> None:

@@ -11,11 +11,11 @@ from typing import Any, cast
 import pytest
 from litestar.testing import AsyncTestClient
 
-from router.app import create_app
-from router.cli import load_config
-from router.render.auto import AutoRenderer, RenderCheck
-from router.render.backends import EngineTokenize, LocalRenderer
-from router.render.chat_template import ChatTemplate
+from carryover.router.cli import load_config
+from carryover.router.http.app import create_app
+from carryover.router.render.auto import AutoRenderer, RenderCheck
+from carryover.router.render.backends import EngineTokenize, LocalRenderer
+from carryover.router.render.chat_template import ChatTemplate
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import FakeEngine, FakeFleet, Tokenizer, fake_tokenize
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from router.app import create_app
-from router.cli import load_config
+from carryover.router.cli import load_config
+from carryover.router.http.app import create_app
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, assert_ledger_balanced, encode
 from tests.unit.router.test_turn_in_process import handles_sent_to_p, history

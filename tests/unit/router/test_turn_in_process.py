@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from router.app import create_app
-from router.cli import load_config
+from carryover.router.cli import load_config
+from carryover.router.http.app import create_app
 from tests.support.metrics import turns_by_path
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, assert_ledger_balanced

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.tokens.answers import StreamMender, mend_whole, public_id
+from carryover.router.tokens.answers import StreamMender, mend_whole, public_id
 
 _TOOL_CALL = {"id": "a1", "type": "function", "function": {"name": "get", "arguments": "{}"}}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from router.render.chat_template import ChatTemplate
-from router.tokens.detok import LocalDetokenizer, Vocabulary
+from carryover.router.render.chat_template import ChatTemplate
+from carryover.router.tokens.detok import LocalDetokenizer, Vocabulary
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.tokens.legs import decode_request, mend_rendered, prefill_request
+from carryover.router.tokens.legs import decode_request, mend_rendered, prefill_request
 
 
 def _rendered(**sampling: Any) -> dict[str, Any]:

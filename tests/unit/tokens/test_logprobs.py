@@ -3,8 +3,8 @@ character split over several tokens resolved with the ids before it."""
 
 from __future__ import annotations
 
-from router.render.chat_template import ChatTemplate
-from router.tokens.logprobs import resolve_logprobs
+from carryover.router.render.chat_template import ChatTemplate
+from carryover.router.tokens.logprobs import resolve_logprobs
 
 
 def test_tokens_bytes_and_split_characters() -> None:

@@ -10,10 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.relay import DecodeOutput
-from router.render.chat_template import ChatTemplate
-from router.tokens.answers import StreamMender
-from router.tokens.stream import Coalescer, derendered_stream
+from carryover.router.relay import DecodeOutput
+from carryover.router.render.chat_template import ChatTemplate
+from carryover.router.tokens.answers import StreamMender
+from carryover.router.tokens.stream import Coalescer, derendered_stream
 
 
 class FakeRenderServer:

@@ -1,4 +1,4 @@
-"""``Wire`` over any httpx transport: the in-process tests' fake engines (router/wire.py)."""
+"""``Wire`` over any httpx transport: the in-process tests' fake engines (router/engines/wire.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
-from router.config import Timeouts
-from router.errors import EngineFailed, EngineTimeout, EngineUnavailable, UpstreamError
-from router.wire import WireResponse
+from carryover.router.config import Timeouts
+from carryover.router.engines.wire import WireResponse
+from carryover.router.errors import EngineFailed, EngineTimeout, EngineUnavailable, UpstreamError
 
 __all__ = ["HttpxWire"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from router.metrics import RouterMetrics
-from router.pool import Instance, InstancePool
-from state import Store, StoreUnavailable
+from carryover.router.fleet.pool import Instance, InstancePool
+from carryover.router.metrics import RouterMetrics
+from carryover.state import Store, StoreUnavailable
 
 __all__ = ["drain", "refresh_draining", "refresh_draining_forever"]
 

@@ -1,7 +1,7 @@
 """The OpenAPI document the router publishes at ``/openapi.json``.
 
 The generation handlers read the raw body (one decode, OpenAI-shaped errors), so the framework
-cannot infer their request schemas; these Structs document what ``router.openai`` accepts and
+cannot infer their request schemas; these Structs document what ``carryover.router.openai`` accepts and
 the fields it reads. Other fields pass through to the engines, hence open objects.
 """
 
@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from router.openai import MAX_TOKEN_ID, MAX_TOKENS_LIMIT, StreamOptions
-from state import MAX_ID_LENGTH
+from carryover.router.openai import MAX_TOKEN_ID, MAX_TOKENS_LIMIT, StreamOptions
+from carryover.state import MAX_ID_LENGTH
 
 __all__ = ["openapi_document"]
 

@@ -9,15 +9,20 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 
-from router.api_schema import openapi_document
-from router.auth import DEFAULT_TENANT
-from router.errors import EngineUnavailable, NotFound, error_body
-from router.fleet import drain
-from router.ledger import Origin
-from router.outcomes import ReleaseCause
-from router.readiness import not_ready
-from router.services import conversation_key, json_response, resolve_model, services_of
-from state import StoreUnavailable
+from carryover.router.errors import EngineUnavailable, NotFound, error_body
+from carryover.router.fleet.draining import drain
+from carryover.router.http.api_schema import openapi_document
+from carryover.router.http.auth import DEFAULT_TENANT
+from carryover.router.http.readiness import not_ready
+from carryover.router.http.services import (
+    conversation_key,
+    json_response,
+    resolve_model,
+    services_of,
+)
+from carryover.router.ledger import Origin
+from carryover.router.outcomes import ReleaseCause
+from carryover.state import StoreUnavailable
 
 __all__ = [
     "drain_instance",

@@ -22,11 +22,11 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 
-from router.ledger import HandleLedger, Origin
-from router.metrics import RouterMetrics
-from router.outcomes import LeftToExpire
-from router.pool import Instance
-from state import Record, Store, StoreUnavailable
+from carryover.router.fleet.pool import Instance
+from carryover.router.ledger import HandleLedger, Origin
+from carryover.router.metrics import RouterMetrics
+from carryover.router.outcomes import LeftToExpire
+from carryover.state import Record, Store, StoreUnavailable
 
 __all__ = ["relieve", "relieve_forever", "share_to_release"]
 

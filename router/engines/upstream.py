@@ -1,7 +1,7 @@
 """Calls to engines: JSON in, JSON (or an SSE stream) out, with deadlines, over a wire
-(``router/wire.py``).
+(``router/engines/wire.py``).
 
-The production wire is the router's own HTTP/1.1 client (``router/h1.py``): httpx on an
+The production wire is the router's own HTTP/1.1 client (``router/engines/h1.py``): httpx on an
 aiohttp transport, then aiohttp alone, each cost more CPU per engine call than the rest of a
 turn, and a turn makes two (``bench/RESULTS.md``, router overhead). httpx stays where it
 serves: the wire the in-process tests' fake engines plug into, the tests, and the benchmark's
@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from router.config import Timeouts
-from router.errors import EngineFailed, EngineTimeout
-from router.h1 import H1Wire
-from router.wire import Wire, WireResponse
+from carryover.router.config import Timeouts
+from carryover.router.engines.h1 import H1Wire
+from carryover.router.engines.wire import Wire, WireResponse
+from carryover.router.errors import EngineFailed, EngineTimeout
 
 if TYPE_CHECKING:
     import httpx
@@ -71,7 +71,7 @@ class Upstream:
         self.timeouts = timeouts
         self._wire: Wire
         if transport is not None:  # in-process fakes only: the serving path never loads httpx
-            from router.wire_httpx import HttpxWire
+            from carryover.router.engines.wire_httpx import HttpxWire
 
             self._wire = HttpxWire(transport, timeouts)
         else:

@@ -15,18 +15,16 @@ from typing import TYPE_CHECKING, Any
 from litestar import Litestar, Request, Response
 from litestar.exceptions import HTTPException
 
-from router.auth import Authenticator
-from router.config import RouterConfig
-from router.errors import CarryoverError, error_body, http_error_type
-from router.fleet import refresh_draining_forever
-from router.held import report_held_forever
-from router.inference import chat_completions, completions, models
-from router.kv.metrics import KvMetrics
-from router.kv.service import KvEvents
-from router.ledger import Origin
-from router.memory import trim_heap
-from router.metrics import RouterMetrics
-from router.operations import (
+from carryover.router.config import RouterConfig
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import CarryoverError, error_body, http_error_type
+from carryover.router.fleet.draining import refresh_draining_forever
+from carryover.router.fleet.held import report_held_forever
+from carryover.router.fleet.pool import InstancePool
+from carryover.router.fleet.pressure import relieve_forever
+from carryover.router.http.auth import Authenticator
+from carryover.router.http.inference import chat_completions, completions, models
+from carryover.router.http.operations import (
     drain_instance,
     end_conversation,
     health,
@@ -35,23 +33,25 @@ from router.operations import (
     openapi,
     ready,
 )
-from router.outcomes import ReleaseCause
-from router.pool import InstancePool
-from router.pressure import relieve_forever
-from router.readiness import watch_models
-from router.render.choose import Renderers
-from router.services import Services, json_response
-from router.store import check_store, open_store
-from router.tenants.limits import TenantGate
-from router.tenants.salt import salts_of
-from router.tenants.usage import read_usage_forever
-from router.tokens.check import TokensCheck, keep_checking
-from router.tracing import Tracing
-from router.turn import TurnRunner
-from router.turn.services import Planner
-from router.upstream import Upstream
-from state import Store, plan
-from state.resp import redacted_url
+from carryover.router.http.readiness import watch_models
+from carryover.router.http.services import Services, json_response
+from carryover.router.kv.metrics import KvMetrics
+from carryover.router.kv.service import KvEvents
+from carryover.router.ledger import Origin
+from carryover.router.memory import trim_heap
+from carryover.router.metrics import RouterMetrics
+from carryover.router.outcomes import ReleaseCause
+from carryover.router.render.choose import Renderers
+from carryover.router.store import check_store, open_store
+from carryover.router.tenants.limits import TenantGate
+from carryover.router.tenants.salt import salts_of
+from carryover.router.tenants.usage import read_usage_forever
+from carryover.router.tokens.check import TokensCheck, keep_checking
+from carryover.router.tracing import Tracing
+from carryover.router.turn import TurnRunner
+from carryover.router.turn.services import Planner
+from carryover.state import Store, plan
+from carryover.state.resp import redacted_url
 
 if TYPE_CHECKING:
     import httpx
@@ -246,7 +246,7 @@ def create_app(
             drain_instance,
             openapi,
         ],
-        openapi_config=None,  # the published document is router.api_schema's
+        openapi_config=None,  # the published document is router.http.api_schema's
         lifespan=[lifespan],
         exception_handlers={
             CarryoverError: _handle_carryover,

@@ -1,5 +1,5 @@
 """The app factory uvicorn calls in each worker: the config arrives serialized in a private
-file written by ``carryover serve`` (``router.cli``), so every worker builds the same app."""
+file written by ``carryover serve`` (``carryover.router.cli``), so every worker builds the same app."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 import msgspec
 from litestar import Litestar
 
-from router.app import create_app
-from router.config import CONFIG_ENV, RouterConfig
-from router.logs import configure_logging
+from carryover.router.config import CONFIG_ENV, RouterConfig
+from carryover.router.http.app import create_app
+from carryover.router.logs import configure_logging
 
 __all__ = ["CONFIG_ENV", "build"]
 

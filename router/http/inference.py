@@ -15,24 +15,24 @@ from litestar.exceptions import HTTPException, MethodNotAllowedException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from router.answers import Answer, DisconnectWatch, EventStream
-from router.errors import (
+from carryover.router.errors import (
     CarryoverError,
     ClientGone,
     EngineUnavailable,
     TooManyRequests,
     http_error_type,
 )
-from router.openai import ChatView, parse_body
-from router.services import (
+from carryover.router.http.answers import Answer, DisconnectWatch, EventStream
+from carryover.router.http.services import (
     Services,
     conversation_key,
     json_response,
     resolve_model,
     services_of,
 )
-from router.tenants.salt import check_client_salt
-from router.turn import TurnRequest
+from carryover.router.openai import ChatView, parse_body
+from carryover.router.tenants.salt import check_client_salt
+from carryover.router.turn import TurnRequest
 
 __all__ = ["chat_completions", "completions", "models"]
 
@@ -239,7 +239,7 @@ async def _generate(
 
 # The two hot endpoints are bare ASGI handlers: no Request object, signature model or
 # response handling per turn (bench/RESULTS.md, router overhead). Errors still go through
-# the app's exception handlers; the OpenAPI document is router.api_schema's.
+# the app's exception handlers; the OpenAPI document is router.http.api_schema's.
 async def _serve(scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
     watch = DisconnectWatch(receive)
     labels = _Labels()

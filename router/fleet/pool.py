@@ -15,12 +15,12 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from router.config import InstanceConfig, ModelConfig, RouterConfig
-from router.engine_gauges import parse_gauges
-from router.errors import EngineFailed, EngineUnavailable, UpstreamError
-from router.metrics import RouterMetrics
-from router.upstream import Upstream
-from state import Store, StoreUnavailable
+from carryover.router.config import InstanceConfig, ModelConfig, RouterConfig
+from carryover.router.engines.gauges import parse_gauges
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError
+from carryover.router.metrics import RouterMetrics
+from carryover.state import Store, StoreUnavailable
 
 __all__ = ["Breaker", "Instance", "InstancePool", "Lease"]
 

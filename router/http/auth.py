@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from router.errors import Unauthorized
+from carryover.router.errors import Unauthorized
 
 __all__ = ["DEFAULT_TENANT", "Authenticator"]
 

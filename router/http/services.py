@@ -9,19 +9,19 @@ from typing import Any, NamedTuple
 
 from litestar import Request, Response
 
-from router.auth import Authenticator
-from router.config import ModelConfig, RouterConfig
-from router.errors import BadConversationId, ModelNotFound
-from router.kv.service import KvEvents
-from router.metrics import RouterMetrics
-from router.pool import InstancePool
-from router.tenants.limits import TenantGate
-from router.tenants.salt import CacheSalts
-from router.tokens.check import TokensCheck
-from router.tracing import Tracing
-from router.turn import TurnRunner
-from router.upstream import Upstream
-from state import ConversationKey, InvalidIdentifier, Store
+from carryover.router.config import ModelConfig, RouterConfig
+from carryover.router.engines.upstream import Upstream
+from carryover.router.errors import BadConversationId, ModelNotFound
+from carryover.router.fleet.pool import InstancePool
+from carryover.router.http.auth import Authenticator
+from carryover.router.kv.service import KvEvents
+from carryover.router.metrics import RouterMetrics
+from carryover.router.tenants.limits import TenantGate
+from carryover.router.tenants.salt import CacheSalts
+from carryover.router.tokens.check import TokensCheck
+from carryover.router.tracing import Tracing
+from carryover.router.turn import TurnRunner
+from carryover.state import ConversationKey, InvalidIdentifier, Store
 
 __all__ = ["Services", "conversation_key", "json_response", "resolve_model", "services_of"]
 
@@ -44,7 +44,7 @@ class Services:
     tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)  # by id() of the model
     in_flight: int = 0
     closing: bool = False
-    #: model ids the engines of each model serve (router/readiness.py), by id() of the model
+    #: model ids the engines of each model serve (router/http/readiness.py), by id() of the model
     served: dict[int, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

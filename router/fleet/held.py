@@ -9,8 +9,8 @@ import asyncio
 import logging
 import time
 
-from router.metrics import RouterMetrics
-from state import Store, StoreUnavailable
+from carryover.router.metrics import RouterMetrics
+from carryover.state import Store, StoreUnavailable
 
 __all__ = ["report_held", "report_held_forever"]
 

@@ -15,8 +15,8 @@ from types import TracebackType
 
 from litestar.types import Receive, Scope, Send
 
-from router.errors import ClientGone
-from router.turn import DONE_FRAME, Relay
+from carryover.router.errors import ClientGone
+from carryover.router.turn import DONE_FRAME, Relay
 
 __all__ = ["Answer", "DisconnectWatch", "EventStream"]
 

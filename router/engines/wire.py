@@ -1,9 +1,9 @@
 """The bytes on the way to an engine: one request out, its status and body back, with every
 transport error mapped to the router's vocabulary (``router/errors.py``) where it happens.
 
-Two wires, one contract. ``H1Wire`` (``router/h1.py``) is the production path: pooled
+Two wires, one contract. ``H1Wire`` (``router/engines/h1.py``) is the production path: pooled
 keep-alive HTTP/1.1 connections to every instance and nothing per request beyond the bytes.
-``HttpxWire`` (``router/wire_httpx.py``) runs any httpx transport, which is how the in-process
+``HttpxWire`` (``router/engines/wire_httpx.py``) runs any httpx transport, which is how the in-process
 tests put fake engines on this seam (``tests/unit/router/fakes.py``); the serving process never
 imports it (httpx is ~10 MiB of a worker's RSS). The classification is the same:
 a connection that could not be made, or not in time, means the request was never sent

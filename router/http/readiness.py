@@ -15,10 +15,10 @@ import asyncio
 import logging
 import time
 
-from router.config import ModelConfig
-from router.errors import CarryoverError
-from router.services import Services
-from state import StoreUnavailable
+from carryover.router.config import ModelConfig
+from carryover.router.errors import CarryoverError
+from carryover.router.http.services import Services
+from carryover.state import StoreUnavailable
 
 __all__ = ["not_ready", "watch_models"]
 

@@ -8,7 +8,7 @@ this client does only what those calls need: write the request in one go, read t
 the body over whole or line by line, and put the connection back when the body is done. Its
 errors are the router's own (``router/errors.py``), classified where they happen.
 
-Deadlines are the caller's (``router/upstream.py`` wraps every call in one); this module only
+Deadlines are the caller's (``router/engines/upstream.py`` wraps every call in one); this module only
 bounds the TCP connect, so a connection that is never made is told apart from an engine that
 is slow to answer.
 
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from router.errors import EngineFailed, EngineTimeout, EngineUnavailable
+from carryover.router.errors import EngineFailed, EngineTimeout, EngineUnavailable
 
 __all__ = ["H1Response", "H1Wire"]
 

@@ -1,3 +1,0 @@
-from router.cli import main
-
-main()
