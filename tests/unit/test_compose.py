@@ -55,7 +55,7 @@ def _env(service: dict[str, Any]) -> dict[str, str]:
 def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
     parsed = 0
     for name, service in compose["services"].items():
-        if service.get("image") != "carryover:latest":
+        if service.get("image") not in ("carryover:latest", "carryover-sim:latest"):
             continue
         command = service["command"]
         if command[0] == "serve":
@@ -65,6 +65,7 @@ def test_every_carryover_command_parses(compose: dict[str, Any]) -> None:
             if "prefill" in name or "decode" in name:
                 raise AssertionError(f"{name} runs the router")
         elif command[0] == "sim":
+            assert service["build"]["args"]["EXTRAS"] == "bench", name  # the simulator's extra
             sim = parse_sim_args(command[1:], environ=_env(service))
             assert sim.kv_transfer is not None and sim.bidirectional
             assert sim.side_channel_host == name  # NIXL address = the service's own name
