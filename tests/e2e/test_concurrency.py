@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.metrics import ascrape
+from tests.support.secrets import admin_key_flags
 from tests.support.stack import chat_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
@@ -14,7 +15,9 @@ TEXT = "Turn {i}: rivers, stones and the patient gardener, season after season, 
 
 
 async def test_parallel_turns_use_the_handle_once_and_keep_the_later_turn(tmp_path: Path) -> None:
-    async with stack(tmp_path, sim={"threshold": 16}, router_flags=("--admin-key", "adm")) as s:
+    async with stack(
+        tmp_path, sim={"threshold": 16}, router_flags=admin_key_flags(tmp_path, "adm")
+    ) as s:
         history: list[dict[str, Any]] = [{"role": "user", "content": TEXT.format(i=0) * 2}]
         first = await chat_turn(s.client, s.router.url, history, conversation_id="par")
         history.append({"role": "assistant", "content": first.content})

@@ -12,6 +12,7 @@ import pytest
 
 from carryover.bench.redis_server import RedisServer
 from tests.support.metrics import ascrape, turns_by_path
+from tests.support.secrets import admin_key_flags
 from tests.support.stack import Stack, chat_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
@@ -128,7 +129,8 @@ async def test_decode_breaking_mid_stream_gives_an_error_event(tmp_path: Path) -
 async def test_expired_record_is_cold(tmp_path: Path) -> None:
     # Records live 6 - 5 - 0.5 = 0.5 s. Reuse after a miss is shown elsewhere: here it would
     # race the half-second lifetime.
-    flags = ("--decoder-kv-blocks-ttl", "6", "--queue-margin", "0.5", "--admin-key", "adm")
+    flags = ("--decoder-kv-blocks-ttl", "6", "--queue-margin", "0.5")
+    flags += admin_key_flags(tmp_path, "adm")
     async with stack(tmp_path, router_flags=flags, sim={"threshold": 16}) as s:
         chat = Chat(s)
         await chat.turn()
@@ -173,7 +175,7 @@ async def test_no_prefill_decode_serves_alone_and_keeps_reuse(tmp_path: Path) ->
 async def test_no_prefill_with_fail_policy_is_503_and_keeps_the_record(tmp_path: Path) -> None:
     # Rendering in process, so the record is claimed and checked before P is found missing;
     # the handle was never sent, so it goes back and the retried turn still reuses.
-    flags = ("--when-prefill-down", "fail", "--render-local")
+    flags = ("--when-prefill-down", "fail", "--render-backend", "local")
     async with stack(tmp_path, sim={"threshold": 16}, router_flags=flags) as s:
         chat = Chat(s)
         await chat.turn()

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tests.support.metrics import ascrape
-from tests.support.secrets import register
+from tests.support.secrets import admin_key_flags, register
 from tests.support.stack import Stack, chat_turn, stack
 from tests.support.waiting import eventually
 
@@ -24,7 +24,7 @@ async def test_a_drain_reaches_every_worker_of_every_replica(
     tmp_path: Path, redis_server: Any
 ) -> None:
     register("admin-key")
-    flags = ("--redis", redis_server.url, "--workers", "2", "--admin-key", "admin-key")
+    flags = ("--redis", redis_server.url, "--workers", "2", *admin_key_flags(tmp_path, "admin-key"))
     async with stack(tmp_path, decodes=2, routers=2, router_flags=flags) as s:
         name = urlsplit(s.decode[0].url).netloc
         drained = await s.client.post(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tests.e2e.test_failures import Chat, router_counter
 from tests.support.metrics import ascrape
+from tests.support.secrets import admin_key_flags
 from tests.support.stack import Stack, stack
 from tests.support.waiting import eventually
 
@@ -30,8 +31,7 @@ async def _decode_usage(s: Stack) -> float:
 
 async def test_a_full_decode_gives_back_its_oldest_handles(tmp_path: Path) -> None:
     flags = (
-        "--admin-key",
-        "admin-key",
+        *admin_key_flags(tmp_path, "admin-key"),
         "--health-interval",
         "0.2",
         "--decode-kv-high-water",

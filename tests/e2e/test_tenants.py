@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.secrets import register
+from tests.support.secrets import admin_key_flags, register
 from tests.support.stack import chat_turn, reference_chat, stack
 
 KEYS = {"sk-alpha-0123456789": "alpha", "sk-beta-9876543210": "beta"}
@@ -99,7 +99,7 @@ async def test_requests_without_a_valid_key_are_refused(
 
 
 async def test_drain_takes_an_instance_out_of_rotation(tmp_path: Path) -> None:
-    flags = ("--admin-key", "sk-admin-secret")
+    flags = admin_key_flags(tmp_path, "sk-admin-secret")
     async with stack(tmp_path, decodes=2, router_flags=flags) as s:
         name = s.decode[0].url.removeprefix("http://")
         admin = {"Authorization": "Bearer sk-admin-secret"}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from carryover.bench.sim.warm_tier import SimWarmTier
 from tests.support.metrics import ascrape, turns_by_path
+from tests.support.secrets import admin_key_flags
 from tests.support.stack import Stack, chat_turn, first_turn, reference_chat, stack
 from tests.support.waiting import eventually
 
@@ -44,7 +45,8 @@ async def test_a_turn_without_its_handle_loads_its_history_from_the_warm_tier(
     tier = SimWarmTier(chunk_tokens=CHUNK)
     await tier.start()
     flags = (
-        *("--expose-path-header", "--admin-key", "adm"),
+        "--expose-path-header",
+        *admin_key_flags(tmp_path, "adm"),
         # Records live half a second (D's 6 s less vLLM's 5 s margin and the queue's 0.5 s).
         *("--decoder-kv-blocks-ttl", "6", "--queue-margin", "0.5"),
         *("--warm-tier", "lmcache", "--warm-tier-health", tier.health),

@@ -175,6 +175,10 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+#: The admin key the tier's routers get (by the environment: no flag carries a secret).
+ADMIN_ENV = {"CARRYOVER_ADMIN_KEY": "admin-secret"}
+
+
 def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
     assert pair.prefill is not None and pair.decode is not None
     return [
@@ -209,8 +213,6 @@ def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:
         "120",
         "--first-byte-timeout",
         "300",
-        "--admin-key",
-        "admin-secret",
         *(
             flag
             for instance in (pair.prefill, pair.decode)
@@ -232,7 +234,7 @@ def module_router(
     """``routed`` for a module's fixture, set up where no event loop runs: the router's start
     is awaited on a loop of its own in a worker thread (the engines are processes of their
     own, so nothing in this thread needs to answer meanwhile)."""
-    router = RouterProcess(router_flags(pair, redis, *extra), log_dir)
+    router = RouterProcess(router_flags(pair, redis, *extra), log_dir, env=ADMIN_ENV)
     try:
         with ThreadPoolExecutor(1) as starter:
             starter.submit(asyncio.run, router.start(timeout=180)).result()
@@ -251,7 +253,9 @@ async def routed(
 ) -> AsyncIterator[RouterProcess]:
     """A router in front of ``pair`` (``env`` added to its environment), stopped at the end
     (also when the test fails)."""
-    router = RouterProcess(router_flags(pair, redis, *extra), log_dir, env=env)
+    router = RouterProcess(
+        router_flags(pair, redis, *extra), log_dir, env={**ADMIN_ENV, **(env or {})}
+    )
     try:
         await router.start(timeout=180)
         yield router

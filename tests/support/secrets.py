@@ -9,12 +9,27 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["REDIS_PASSWORD", "assert_absent", "group_environ", "register", "scan_error_body"]
+__all__ = [
+    "REDIS_PASSWORD",
+    "admin_key_flags",
+    "assert_absent",
+    "group_environ",
+    "register",
+    "scan_error_body",
+]
 
 #: The password of the ``protected_redis`` fixture's server (tests/conftest.py).
 REDIS_PASSWORD = "redis-pw-91b7e3a0c2"
 
 _KNOWN: set[str] = {REDIS_PASSWORD}
+
+
+def admin_key_flags(folder: Path, key: str) -> tuple[str, str]:
+    """The admin key as a router takes it, from a file: no flag carries a secret."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "admin-key"
+    path.write_text(key + "\n")
+    return ("--admin-key-file", str(path))
 
 
 def register(*secrets: str) -> None:

@@ -38,10 +38,10 @@ def _app(render_host: str, *flags: str) -> tuple[Any, FakeEngine, FakeEngine, Fa
         [
             *("--prefill", p.url, "--decode", d.url, "--engine-api", "tokens"),
             *("--render", f"http://{render_host}", "--expose-path-header"),
-            *("--health-interval", "0.05", "--admin-key", "k"),
+            *("--health-interval", "0.05"),
             *flags,
         ],
-        environ={},
+        environ={"CARRYOVER_ADMIN_KEY": "k"},
     )
     return create_app(config, transport=FakeFleet(p, d, render), seed=0), p, d, render
 

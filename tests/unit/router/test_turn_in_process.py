@@ -174,7 +174,16 @@ async def test_a_committed_answer_is_tokenized_before_the_next_turn_needs_it() -
     # user message.
     p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
     config = load_config(
-        ["--prefill", p.url, "--decode", d.url, "--health-interval", "60", "--render-local"],
+        [
+            "--prefill",
+            p.url,
+            "--decode",
+            d.url,
+            "--health-interval",
+            "60",
+            "--render-backend",
+            "local",
+        ],
         environ={},
     )
     app = create_app(config, transport=FakeFleet(p, d), seed=0)
