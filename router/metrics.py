@@ -9,6 +9,7 @@ all of them: one consistent view per router. Each gauge says how its workers' va
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Self
@@ -321,8 +322,36 @@ class RouterMetrics:
             registry=r,
         )
 
+        self.discovered = Counter(
+            "carryover_instances_discovered",
+            "Instances that joined (first healthy probe) or left (no longer resolved) a "
+            "dns:// set, by role and change.",
+            ["role", "change"],
+            registry=r,
+        )
+        self.discovery_errors = Counter(
+            "carryover_discovery_errors",
+            "Resolutions of a dns:// set that failed or found nothing (its last members kept).",
+            ["name"],
+            registry=r,
+        )
+
     def instance_up(self, name: str, role: str, up: bool) -> None:
         self.up.labels(name, role).set(1 if up else 0)
+
+    def forget_instance(self, name: str, role: str) -> None:
+        """An instance that left the fleet: its series go rather than stay at their last
+        value."""
+        children = {id(self.instance_in_flight.labels(name)), id(self.breaker_open.labels(name))}
+        self._sampled = [(g, read) for g, read in self._sampled if id(g) not in children]
+        for gauge, labels in (
+            (self.instance_in_flight, (name,)),
+            (self.breaker_open, (name,)),
+            (self.draining, (name,)),
+            (self.up, (name, role)),
+        ):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)
 
     def sampled(self, gauge: Gauge, read: Callable[[], float]) -> None:
         """``gauge`` reads ``read()``: when scraped in one process, else at each ``publish``."""

@@ -42,6 +42,9 @@ class ReleaseCause(StrEnum):
     PREFILL_PROMPT_MISMATCH = "prefill_prompt_mismatch"
     # A commit replaced an older record of the conversation whose handle was never sent.
     REPLACED = "replaced"
+    # Its decode instance left its dns:// set (scaled down, replaced): given back while the
+    # process may still run, before its TTL would.
+    INSTANCE_GONE = "instance_gone"
     # The turn carried fields the router cannot check (router/fields.py): the stored handle
     # is not attached, and it is released.
     REUSE_DISABLED = "reuse_disabled"
@@ -80,6 +83,8 @@ class LeftToExpire(StrEnum):
     # The client left while P held the request that carried the handle: P may be reading
     # it, and a release racing that read could leave freed blocks in P's prefix cache.
     SENT_THEN_CANCELLED = "sent_then_cancelled"
+    # Its decode instance left its dns:// set unreachable: there is no process to ask.
+    INSTANCE_GONE = "instance_gone"
     # No P to carry a release: D served the turn alone.
     NO_PREFILL = "no_prefill"
     # The client left while a decode-local turn ran: the handle kept for release after D's

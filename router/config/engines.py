@@ -18,6 +18,9 @@ __all__ = [
     "WarmTierConfig",
 ]
 
+#: Stands for each member's address in the KV event endpoints of a ``dns://`` instance.
+ADDRESS = "{address}"
+
 #: vLLM declines a D->P read within this many seconds of D's deadline (pull_worker.py:31-33).
 VLLM_EXPIRY_MARGIN = 5.0
 
@@ -49,7 +52,9 @@ class InstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         str | None,
         about(
             "The ZMQ endpoint of its KV-cache events (vLLM's --kv-events-config endpoint as "
-            "this router reaches it, e.g. tcp://p0:5557); none: routed by load alone."
+            "this router reaches it, e.g. tcp://p0:5557; for a dns:// instance "
+            "tcp://{address}:5557, each member's address in place of {address}); none: "
+            "routed by load alone."
         ),
     ] = None
     kv_events_replay: Annotated[
@@ -76,11 +81,16 @@ class InstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise ConfigError(f"KV event endpoints are tcp:// or ipc:// URLs, not {endpoint!r}")
         if self.kv_events_replay is not None and self.kv_events is None:
             raise ConfigError("kv_events_replay needs kv_events")
-        if self.discovered and (self.name or self.kv_events):
+        templates = [e for e in (self.kv_events, self.kv_events_replay) if e and ADDRESS in e]
+        if self.discovered and (
+            self.name or len(templates) != bool(self.kv_events) + bool(self.kv_events_replay)
+        ):
             raise ConfigError(
-                f"{self.url}: a DNS name stands for many instances; name and kv_events belong "
-                "to one (list it by address instead)"
+                f"{self.url}: a DNS name stands for many instances: no name, and KV event "
+                f"endpoints with {ADDRESS} for each one's address (tcp://{ADDRESS}:5557)"
             )
+        if templates and not self.discovered:
+            raise ConfigError(f"{ADDRESS} in KV event endpoints is for dns:// instances only")
 
     @property
     def discovered(self) -> bool:

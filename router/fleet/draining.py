@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from carryover.router.fleet.pool import Instance, InstancePool
+from carryover.router.fleet.instance import Instance
+from carryover.router.fleet.pool import InstancePool
 from carryover.router.metrics import RouterMetrics
 from carryover.state import Store, StoreUnavailable
 

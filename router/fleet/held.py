@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from carryover.router.metrics import RouterMetrics
 from carryover.state import Store, StoreUnavailable
@@ -29,11 +30,12 @@ async def report_held(store: Store, decode_names: list[str], metrics: RouterMetr
 
 
 async def report_held_forever(
-    store: Store, decode_names: list[str], metrics: RouterMetrics, interval: float
+    store: Store, decode_names: Callable[[], list[str]], metrics: RouterMetrics, interval: float
 ) -> None:
+    """A read every ``interval``, of the decode instances there are then."""
     while True:
         try:
-            await report_held(store, decode_names, metrics)
+            await report_held(store, decode_names(), metrics)
         except StoreUnavailable as exc:
             metrics.store_errors.labels("held").inc()
             log.debug("held handles not read: %s", exc)

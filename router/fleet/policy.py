@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from carryover.router.fleet.pool import Instance
+from carryover.router.fleet.instance import Instance
 
 __all__ = ["Affinity", "pick_decode", "pick_prefill"]
 

@@ -12,130 +12,24 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from carryover.router.config import InstanceConfig, ModelConfig, RouterConfig
 from carryover.router.engines.gauges import parse_gauges
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError
+from carryover.router.fleet.discovery import DnsSet, Resolver, members_of, resolve
+from carryover.router.fleet.instance import Breaker, Instance, streams_handles
 from carryover.router.metrics import RouterMetrics
 from carryover.state import Store, StoreUnavailable
 
-__all__ = ["Breaker", "Instance", "InstancePool", "Lease"]
+__all__ = ["InstancePool", "Lease"]
 
 log = logging.getLogger("carryover.pool")
 
 #: Consecutive failed probes (timeouts, errors) before an instance is taken out of rotation; a
 #: refused connection takes it out at once.
 _PROBES_TO_DOWN = 3
-
-
-@dataclass
-class Breaker:
-    """Opens after ``threshold`` consecutive failures that only the engine can have caused;
-    after ``reset`` seconds lets one trial request through (half-open); a success closes it.
-
-    A failure is the engine's when it is engine-wide (no connection, a timeout, a broken
-    stream: ``blame`` ``None``), or when error answers came for requests of at least
-    ``tenants_to_blame`` tenants in the run. An error answer only one tenant's requests get
-    may be caused by what that tenant sends: it fails those requests, never the instance
-    for everyone (docs/security.md)."""
-
-    threshold: int
-    reset: float
-    tenants_to_blame: int = 1
-    failures: int = 0
-    opened_at: float | None = None
-    trial_in_flight: bool = False
-    engine_wide: bool = False
-    blamed: set[str] = field(default_factory=set)
-
-    def allows(self, now: float) -> bool:
-        if self.opened_at is None:
-            return True
-        return now - self.opened_at >= self.reset and not self.trial_in_flight
-
-    @property
-    def state(self) -> str:
-        if self.opened_at is None:
-            return "closed"
-        return "half_open" if self.trial_in_flight else "open"
-
-    def begin(self) -> bool:
-        """A request is going out: if the circuit is open, this is its one trial (True)."""
-        if self.opened_at is not None:
-            self.trial_in_flight = True
-            return True
-        return False
-
-    def abandon_trial(self) -> None:
-        """The trial ended without a verdict (cancelled, the client's own error, a refused
-        handle): the next request may be the trial. The circuit stays open until one is."""
-        self.trial_in_flight = False
-
-    def success(self) -> None:
-        self.failures = 0
-        self.opened_at = None
-        self.trial_in_flight = False
-        self.engine_wide = False
-        self.blamed.clear()
-
-    def failure(self, now: float, tenant: str | None = None) -> None:
-        """A failed request; ``tenant``: the engine answered it with an error (whose cause
-        may be the request), ``None``: an engine-wide failure."""
-        self.failures += 1
-        self.trial_in_flight = False
-        if tenant is None:
-            self.engine_wide = True
-        elif len(self.blamed) < self.tenants_to_blame:
-            self.blamed.add(tenant)
-        engines = self.engine_wide or len(self.blamed) >= self.tenants_to_blame
-        if (self.failures >= self.threshold and engines) or self.opened_at is not None:
-            self.opened_at = now  # a failed trial opens it for another reset period
-
-
-@dataclass(eq=False)
-class Instance:
-    config: InstanceConfig
-    role: str  # "prefill" | "decode"
-    model: ModelConfig
-    breaker: Breaker
-    healthy: bool = True
-    ever_healthy: bool = False
-    draining: bool = False
-    in_flight: int = 0
-    running: float = 0.0
-    waiting: float = 0.0
-    kv_usage: float = 0.0
-    start_time: float | None = None
-    version: str | None = None
-    epoch: int = 0
-    observed_identity: str | None = None  # the process identity the store has from us
-    down_since: float | None = field(default=None)
-    probe_failures: int = 0
-    refused: bool = False  # connections were refused since the last good probe
-
-    # Read several times a turn (picks, leases, metrics labels); the config never changes.
-    @functools.cached_property
-    def name(self) -> str:
-        return self.config.label
-
-    @functools.cached_property
-    def url(self) -> str:
-        return self.config.url.rstrip("/")
-
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size or self.model.block_size
-
-    def available(self, now: float) -> bool:
-        return self.healthy and not self.draining and self.breaker.allows(now)
-
-    def load(self) -> float:
-        """Requests this router has in flight there plus what the engine reports queued, with
-        KV pressure as a tie-breaker."""
-        return self.in_flight + self.waiting + self.kv_usage
 
 
 class Lease:
@@ -172,35 +66,111 @@ def _breaker_open(breaker: Breaker) -> float:
 
 class InstancePool:
     def __init__(
-        self, config: RouterConfig, upstream: Upstream, store: Store, metrics: RouterMetrics
+        self,
+        config: RouterConfig,
+        upstream: Upstream,
+        store: Store,
+        metrics: RouterMetrics,
+        resolver: Resolver = resolve,
     ) -> None:
         self._config = config
         self._upstream = upstream
         self._store = store
         self._metrics = metrics
+        self._resolver = resolver
         self.instances: list[Instance] = []
+        self.by_name: dict[str, Instance] = {}
+        #: The dns:// entries, with the model and role their addresses serve.
+        self._sets: list[tuple[DnsSet, ModelConfig, str]] = []
+        self._found: dict[str, dict[str, Instance]] = {}  # by set: its members by URL
         for model in config.models:
             for role, group in (("prefill", model.prefill), ("decode", model.decode)):
                 for item in group:
-                    breaker = Breaker(
-                        config.breaker_failures, config.breaker_reset, _tenants_to_blame(config)
-                    )
-                    self.instances.append(Instance(item, role, model, breaker))
-        self.by_name = {i.name: i for i in self.instances}
-        # Read when scraped, not set per request: a lease would set it twice, and every
-        # request's outcome would set the breaker's.
-        for instance in self.instances:
-            metrics.sampled(
-                metrics.instance_in_flight.labels(instance.name),
-                functools.partial(_in_flight, instance),
-            )
-            metrics.sampled(
-                metrics.breaker_open.labels(instance.name),
-                functools.partial(_breaker_open, instance.breaker),
-            )
+                    if item.discovered:
+                        self._sets.append((DnsSet(item), model, role))
+                    else:
+                        self._add(item, role, model)
         self._task: asyncio.Task[None] | None = None
         #: Called with an instance whose process restarted (what it held is gone).
         self.on_restart: list[Callable[[Instance], None]] = []
+        #: Called with an instance that joined a dns:// set (at its first healthy probe).
+        self.on_join: list[Callable[[Instance], None]] = []
+        #: Called with an instance that left its dns:// set (what is stored for it).
+        self.on_leave: list[Callable[[Instance], Awaitable[object]]] = []
+        self._leaving: set[asyncio.Task[object]] = set()
+
+    def _add(
+        self, item: InstanceConfig, role: str, model: ModelConfig, *, discovered: bool = False
+    ) -> Instance:
+        breaker = Breaker(
+            self._config.breaker_failures,
+            self._config.breaker_reset,
+            _tenants_to_blame(self._config),
+        )
+        # A discovered instance takes turns from its first healthy probe on.
+        instance = Instance(
+            item, role, model, breaker, healthy=not discovered, discovered=discovered
+        )
+        if instance.name in self.by_name:
+            raise ValueError(f"instance {instance.name} listed twice")
+        self.instances.append(instance)
+        self.by_name[instance.name] = instance
+        # Read when scraped, not set per request: a lease would set it twice, and every
+        # request's outcome would set the breaker's.
+        self._metrics.sampled(
+            self._metrics.instance_in_flight.labels(instance.name),
+            functools.partial(_in_flight, instance),
+        )
+        self._metrics.sampled(
+            self._metrics.breaker_open.labels(instance.name),
+            functools.partial(_breaker_open, instance.breaker),
+        )
+        return instance
+
+    def decodes(self) -> list[Instance]:
+        """Every decode instance now (discovered ones come and go)."""
+        return [i for i in self.instances if i.role == "decode"]
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    async def discover(self) -> None:
+        """Resolve every dns:// set and apply what changed (router/fleet/discovery.py)."""
+        for dns, model, role in self._sets:
+            try:
+                resolved: list[str] | None = await self._resolver(dns.name, dns.port)
+            except OSError as exc:
+                resolved = None
+                log.warning("%s did not resolve (%s): members kept", dns.entry.url, exc)
+            if not resolved:
+                self._metrics.discovery_errors.labels(dns.entry.url).inc()
+            current = [i.url for i in self.members(model, role) if i.discovered and i.config.url]
+            change = members_of(dns, current, resolved)
+            for item in change.joined:
+                if item.label not in self.by_name:
+                    log.info("instance %s found by %s", item.label, dns.entry.url)
+                    self._add(item, role, model, discovered=True)
+            for url in change.left:
+                leaving = next(i for i in self.members(model, role) if i.url == url)
+                self._leave(leaving)
+
+    def _leave(self, instance: Instance) -> None:
+        """No new request goes to ``instance``; what runs there finishes (leases hold the
+        object); what is stored for it is the listeners' (handles given back)."""
+        instance.draining = True
+        self.instances.remove(instance)
+        del self.by_name[instance.name]
+        self._metrics.forget_instance(instance.name, instance.role)
+        self._metrics.discovered.labels(instance.role, "left").inc()
+        log.info("instance %s left its DNS set", instance.name)
+        for listener in self.on_leave:
+            task: asyncio.Task[object] = asyncio.ensure_future(listener(instance))
+            self._leaving.add(task)
+            task.add_done_callback(self._left)
+
+    def _left(self, task: asyncio.Task[object]) -> None:
+        self._leaving.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("handles of a departed instance not given back: %s", error)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -255,11 +225,14 @@ class InstancePool:
     # -- background probing ------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.discover()
         await self.refresh_epochs()
         await self.probe_all()
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
+        for leaving in list(self._leaving):
+            leaving.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -271,6 +244,7 @@ class InstancePool:
         while True:
             await asyncio.sleep(self._config.health_interval)
             try:
+                await self.discover()
                 await self.refresh_epochs()
                 await self.probe_all()
             except Exception:  # a probe bug must not stop health checking
@@ -349,6 +323,10 @@ class InstancePool:
                 listener(instance)
         if instance.role == "decode":
             await self._observe_identity(instance, start, restarted=restarted)
+        if instance.discovered and not instance.ever_healthy:
+            self._metrics.discovered.labels(instance.role, "joined").inc()
+            for joined in self.on_join:
+                joined(instance)
         if not instance.healthy:
             log.info("instance %s is up", instance.name)
         instance.healthy = True
@@ -404,12 +382,3 @@ class InstancePool:
             return
         instance.observed_identity = identity
         instance.epoch = max(instance.epoch, epoch)
-
-
-def streams_handles(version: str) -> bool:
-    """vLLM returns D's handle on streamed responses from 0.33.0 on (docs/vllm-protocol.md §2)."""
-    try:
-        major, minor = (int(part) for part in version.split(".")[:2])
-    except ValueError:
-        return True
-    return (major, minor) >= (0, 33)

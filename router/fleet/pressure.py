@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
 
-from carryover.router.fleet.pool import Instance
+from carryover.router.fleet.instance import Instance
 from carryover.router.ledger import HandleLedger, Origin
 from carryover.router.metrics import RouterMetrics
 from carryover.router.outcomes import LeftToExpire
@@ -111,7 +111,7 @@ async def relieve(
 
 async def relieve_forever(
     store: Store,
-    decodes: list[Instance],
+    decodes: Callable[[], list[Instance]],
     release: Release,
     ledger: HandleLedger,
     metrics: RouterMetrics,
@@ -127,7 +127,7 @@ async def relieve_forever(
         try:
             await relieve(
                 store,
-                decodes,
+                decodes(),
                 release,
                 ledger,
                 metrics,

@@ -18,8 +18,10 @@ from litestar.exceptions import HTTPException
 from carryover.router.config import RouterConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import CarryoverError, error_body, http_error_type
+from carryover.router.fleet.discovery import Resolver, give_back_left, resolve
 from carryover.router.fleet.draining import refresh_draining_forever
 from carryover.router.fleet.held import report_held_forever
+from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.pool import InstancePool
 from carryover.router.fleet.pressure import relieve_forever
 from carryover.router.http.auth import Authenticator
@@ -91,11 +93,13 @@ def create_app(
     seed: int | None = None,
     clock: Callable[[], float] = time.time,
     planner: Planner | None = None,
+    resolver: Resolver | None = None,
 ) -> Litestar:
     """Build the router. The keyword arguments replace what the config would make: the store
     (embedding, tests), the transport to the engines (in-process fakes), the wall clock
     (records, expiry; tests drive it) and the planner (``state.plan``; the benchmark's
-    unchecked arm names its own in ``config.planner``)."""
+    unchecked arm names its own in ``config.planner``) and the DNS resolver of ``dns://``
+    instances (router/fleet/discovery.py)."""
     chosen_planner = planner or (_import_planner(config.planner) if config.planner else plan)
 
     @asynccontextmanager
@@ -106,7 +110,7 @@ def create_app(
             await check_store(backend, config)
         upstream = Upstream(config.timeouts, transport)
         metrics_ = RouterMetrics()
-        pool = InstancePool(config, upstream, backend, metrics_)
+        pool = InstancePool(config, upstream, backend, metrics_, resolver or resolve)
         renderers = Renderers(config, upstream, metrics_)
         kv = KvEvents(config, KvMetrics(metrics_.registry))
         tokens_checks = {id(m): TokensCheck() for m in config.models if m.tokens_only}
@@ -147,10 +151,34 @@ def create_app(
             upstream, interval=config.health_interval, timeout=config.timeouts.health
         )
         pool.on_restart.append(lambda instance: kv.instance_restarted(instance.name))
+
+        async def instance_left(instance: Instance) -> int:
+            kv.left(instance.name)
+            if instance.role != "decode":
+                return 0
+            return await give_back_left(
+                backend,
+                instance,
+                lambda instance, record: runner.give_back(
+                    instance.model,
+                    services.model_names.get(id(instance.model)) or "",
+                    record.handle,
+                    Origin.RELIEVED,
+                    ReleaseCause.INSTANCE_GONE,
+                ),
+                runner.ledger,
+                now=clock(),
+            )
+
+        pool.on_join.append(lambda instance: kv.joined(instance.config, instance.model))
+        pool.on_leave.append(instance_left)
         await pool.start()
         discovery = asyncio.create_task(watch_models(services, max(config.health_interval, 10.0)))
         renderers.start(pool, lambda model: services.model_names.get(id(model)))
-        decode_names = [i.name for i in pool.instances if i.role == "decode"]
+
+        def decode_names() -> list[str]:
+            return [i.name for i in pool.decodes()]
+
         held = asyncio.create_task(
             report_held_forever(backend, decode_names, metrics_, config.held_interval)
         )
@@ -171,7 +199,7 @@ def create_app(
         relief = asyncio.create_task(
             relieve_forever(
                 backend,
-                [i for i in pool.instances if i.role == "decode"],
+                pool.decodes,
                 lambda instance, record: runner.give_back(
                     instance.model,
                     services.model_names.get(id(instance.model)) or "",
@@ -267,8 +295,8 @@ def _summary(config: RouterConfig, store: Store) -> dict[str, Any]:
         "models": [
             {
                 "name": model.name or "(asked from the engines)",
-                "prefill": [i.label for i in model.prefill],
-                "decode": [i.label for i in model.decode],
+                "prefill": [i.url if i.discovered else i.label for i in model.prefill],
+                "decode": [i.url if i.discovered else i.label for i in model.decode],
                 "render": model.render.backend,
                 "engine_api": model.engine_api,
                 "kv_events": sum(1 for i in (*model.prefill, *model.decode) if i.kv_events),

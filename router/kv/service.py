@@ -9,7 +9,7 @@ import logging
 
 import zmq.asyncio
 
-from carryover.router.config import RouterConfig
+from carryover.router.config import InstanceConfig, ModelConfig, RouterConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.kv.index import KvIndex
 from carryover.router.kv.metrics import KvMetrics
@@ -28,21 +28,30 @@ class KvEvents:
         self._context: zmq.asyncio.Context | None = None
         self.subscribers: dict[str, EventSubscriber] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._runs: dict[str, asyncio.Task[None]] = {}
         #: Each model's warm tier, by the name of every instance of the model.
         self.warm: dict[str, WarmTier] = {}
         self.warm_tiers: list[WarmTier] = []
+        self._tier_of: dict[int, WarmTier] = {}  # by id(model)
         for model in config.models:
             if model.warm_tier is not None:
                 tier = WarmTier(model.warm_tier)
                 self.warm_tiers.append(tier)
+                self._tier_of[id(model)] = tier
                 for instance in (*model.prefill, *model.decode):
                     self.warm[instance.label] = tier
         self._sources = [
-            (instance.label, instance.kv_events, instance.kv_events_replay)
+            instance
             for model in config.models
             for instance in (*model.prefill, *model.decode)
-            if instance.kv_events is not None
+            if instance.kv_events is not None and not instance.discovered
         ]
+        # dns:// sets with events: their members subscribe as they join.
+        self._discovered = any(
+            instance.kv_events is not None and instance.discovered
+            for model in config.models
+            for instance in (*model.prefill, *model.decode)
+        )
 
     def instance_restarted(self, name: str) -> None:
         subscriber = self.subscribers.get(name)
@@ -53,25 +62,47 @@ class KvEvents:
     def enabled(self) -> bool:
         """Whether turns consult the index: some engine publishes events, or a warm tier is
         learned from the router's own P legs."""
-        return bool(self._sources or self.warm_tiers)
+        return bool(self._sources or self._discovered or self.warm_tiers)
 
     def start(self) -> None:
-        if not self._sources:
-            return
-        self._context = zmq.asyncio.Context()
-        for name, endpoint, replay in self._sources:
-            assert endpoint is not None
-            subscriber = EventSubscriber(
-                name,
-                endpoint,
-                replay,
-                self.index.of(name),
-                self.metrics,
-                context=self._context,
-                warm=self.warm.get(name),
-            )
-            self.subscribers[name] = subscriber
-            self._tasks.append(asyncio.create_task(self._run(subscriber)))
+        for instance in self._sources:
+            self._subscribe(instance)
+
+    def joined(self, instance: InstanceConfig, model: ModelConfig) -> None:
+        """A member of a dns:// set: its warm tier, and its events when it publishes them."""
+        tier = self._tier_of.get(id(model))
+        if tier is not None:
+            self.warm[instance.label] = tier
+        if instance.kv_events is not None:
+            self._subscribe(instance)
+
+    def left(self, name: str) -> None:
+        """A member that left its set: its subscription and what the index knew of it go."""
+        run = self._runs.pop(name, None)
+        if run is not None:
+            run.cancel()
+        self.subscribers.pop(name, None)
+        self.index.instances.pop(name, None)
+        self.warm.pop(name, None)
+
+    def _subscribe(self, instance: InstanceConfig) -> None:
+        assert instance.kv_events is not None
+        if self._context is None:
+            self._context = zmq.asyncio.Context()
+        name = instance.label
+        subscriber = EventSubscriber(
+            name,
+            instance.kv_events,
+            instance.kv_events_replay,
+            self.index.of(name),
+            self.metrics,
+            context=self._context,
+            warm=self.warm.get(name),
+        )
+        self.subscribers[name] = subscriber
+        run = asyncio.create_task(self._run(subscriber))
+        self._runs[name] = run
+        self._tasks.append(run)
 
     def watch_warm_tiers(self, http: Upstream, *, interval: float, timeout: float) -> None:
         """Keep each warm tier's ``up`` true to its health check (stopped by ``stop``)."""

@@ -20,7 +20,8 @@ from carryover.router.render.backends import (
 )
 
 if TYPE_CHECKING:
-    from carryover.router.fleet.pool import Instance, InstancePool
+    from carryover.router.fleet.instance import Instance
+    from carryover.router.fleet.pool import InstancePool
 
 __all__ = ["Renderers", "make_renderer"]
 

@@ -18,7 +18,7 @@ log = logging.getLogger("carryover.tenants")
 
 async def read_usage_forever(
     store: Store,
-    decode_names: list[str],
+    decode_names: Callable[[], list[str]],
     gate: TenantGate,
     metrics: RouterMetrics,
     *,
@@ -29,7 +29,7 @@ async def read_usage_forever(
     view (the limits are soft either way)."""
     while True:
         try:
-            gate.usage = await store.usage_by_tenant(decode_names, now=clock())
+            gate.usage = await store.usage_by_tenant(decode_names(), now=clock())
             for tenant in gate.limited_tenants:
                 held = gate.usage.get(tenant, TenantUsage())
                 metrics.tenant_conversations.labels(tenant).set(held.conversations)

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from carryover.router.config import ModelConfig
-from carryover.router.fleet.pool import Instance
+from carryover.router.fleet.instance import Instance
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.model import Leg, Prepared, Started, TurnRequest
 from carryover.router.turn.openai_api import OpenAIApi

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from carryover.router.fleet.pool import Instance, streams_handles
+from carryover.router.fleet.instance import Instance, streams_handles
 from carryover.router.ledger import Origin
 from carryover.router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
 from carryover.router.relay import DecodeOutput

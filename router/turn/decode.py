@@ -22,8 +22,8 @@ from carryover.router.errors import (
     is_client_fault,
     sse_error,
 )
+from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_decode
-from carryover.router.fleet.pool import Instance
 from carryover.router.ledger import HeldHandle, Origin
 from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from carryover.router.relay import DecodeOutput

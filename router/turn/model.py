@@ -10,7 +10,8 @@ from enum import StrEnum
 from typing import Any, TypeAlias
 
 from carryover.router.config import ModelConfig
-from carryover.router.fleet.pool import Instance, Lease
+from carryover.router.fleet.instance import Instance
+from carryover.router.fleet.pool import Lease
 from carryover.router.kv.index import Cached, Prompt
 from carryover.router.ledger import HeldHandle
 from carryover.router.metrics import turn_label

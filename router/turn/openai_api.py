@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from carryover.router.fields import CHAT_FIELDS, COMPLETION_FIELDS
-from carryover.router.fleet.pool import Instance
+from carryover.router.fleet.instance import Instance
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.model import Leg, Prepared, Started, TurnRequest
 

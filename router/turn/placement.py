@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import Held
-from carryover.router.fleet.pool import Instance
 from carryover.router.kv.index import Cached, Prompt
 from carryover.router.kv.warm import WarmOutcome, WarmTier
 from carryover.router.turn.model import Prepared, TurnPath

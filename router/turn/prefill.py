@@ -6,8 +6,8 @@ import time
 from typing import Any
 
 from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
+from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_prefill
-from carryover.router.fleet.pool import Instance
 from carryover.router.ledger import HeldHandle
 from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from carryover.router.relay import DecodeOutput

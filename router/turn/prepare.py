@@ -7,7 +7,7 @@ import logging
 
 from carryover.router.errors import BadRequest, EngineUnavailable
 from carryover.router.fields import NON_TEXT_CONTENT, reuse_blockers
-from carryover.router.fleet.pool import Instance
+from carryover.router.fleet.instance import Instance
 from carryover.router.ledger import Origin
 from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from carryover.router.render.backends import RenderFailed

@@ -13,7 +13,7 @@ import msgspec
 from tokenizers import Tokenizer
 
 from carryover.router.errors import UpstreamError
-from carryover.router.fleet.pool import Instance
+from carryover.router.fleet.instance import Instance
 from carryover.router.outcomes import NoHandleCause
 from carryover.router.relay import DecodeOutput
 from carryover.router.tokens.answers import StreamMender, mend_whole

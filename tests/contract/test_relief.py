@@ -11,7 +11,7 @@ import msgspec
 
 from carryover.bench.redis_server import RedisServer
 from carryover.router.config import InstanceConfig, ModelConfig
-from carryover.router.fleet.pool import Breaker, Instance
+from carryover.router.fleet.instance import Breaker, Instance
 from carryover.router.fleet.pressure import Release, relieve, share_to_release
 from carryover.router.ledger import HandleLedger
 from carryover.router.metrics import RouterMetrics

@@ -11,7 +11,8 @@ import pytest
 from carryover.router.cli import load_config
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import EngineFailed
-from carryover.router.fleet.pool import Breaker, Instance, InstancePool
+from carryover.router.fleet.instance import Breaker, Instance
+from carryover.router.fleet.pool import InstancePool
 from carryover.router.metrics import RouterMetrics
 from carryover.state import MemoryStore
 from tests.support.metrics import parse

@@ -100,12 +100,19 @@ def test_the_router_pods_run_the_config_and_secrets_they_are_given(tmp_path: Pat
     # runAsNonRoot can only be checked against a numeric user: the image's own.
     dockerfile = (DEPLOY.parents[1] / "Dockerfile").read_text()
     assert f"--uid {pod['securityContext']['runAsUser']} " in dockerfile
-    # Every engine the routers list is a pod of the StatefulSets, by its stable name.
+    # The routers find the engines by their StatefulSets' headless Services: every ready pod
+    # of each, on the port its container serves, with its KV events on the ports it publishes.
     for model in config.models:
         for role, instances in (("prefill", model.prefill), ("decode", model.decode)):
-            replicas = by_kind("StatefulSet", f"vllm-{role}")["spec"]["replicas"]
-            expected = {f"http://vllm-{role}-{i}.vllm-{role}:8000" for i in range(replicas)}
-            assert {i.url for i in instances} == expected
+            service = by_kind("Service", f"vllm-{role}")
+            assert service["spec"]["clusterIP"] == "None"  # headless: a record per pod
+            statefulset = by_kind("StatefulSet", f"vllm-{role}")
+            assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+            port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+            (instance,) = instances
+            assert instance.discovered and instance.url == f"dns://vllm-{role}:{port}"
+            engine = " ".join(statefulset["spec"]["template"]["spec"]["containers"][0]["args"])
+            assert instance.kv_events == "tcp://{address}:5557" and "tcp://*:5557" in engine
 
 
 def test_selectors_pick_the_router_pods_and_the_budget_keeps_replicas() -> None:

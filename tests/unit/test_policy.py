@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from carryover.router.config import InstanceConfig, ModelConfig
+from carryover.router.fleet.instance import Breaker, Instance
 from carryover.router.fleet.policy import Affinity, pick_decode, pick_prefill
-from carryover.router.fleet.pool import Breaker, Instance
 
 MODEL = ModelConfig(prefill=[InstanceConfig("http://p:1")], decode=[InstanceConfig("http://d:1")])
 
