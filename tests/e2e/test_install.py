@@ -5,7 +5,10 @@ version; the benchmark's commands name the extra they need before doing anything
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -13,11 +16,10 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support.router_proc import RouterProcess
-from tests.support.sims import MODEL, running, sim_config
+from tests.support.sims import running, sim_config
 
 ROOT = Path(__file__).parents[2]
 
@@ -100,18 +102,20 @@ async def test_the_installed_router_serves_a_turn_and_reports_it(
         )
         await router.start()
         try:
-            async with httpx.AsyncClient(timeout=30) as client:
-                answer = await client.post(
-                    f"{router.url}/v1/chat/completions",
-                    json={
-                        "model": MODEL,
-                        "messages": [{"role": "user", "content": "hello there"}],
-                        "max_tokens": 8,
-                        "conversation_id": "installed-1",
-                    },
-                )
-            assert answer.status_code == 200, answer.text
-            report = _run(
+            # The README's quickstart conversation, run by the bare environment's Python.
+            readme = (ROOT / "README.md").read_text()
+            script = re.search(r"python3 - <<'EOF'[^\n]*\n(.*?)\nEOF\n", readme, re.S)
+            assert script is not None, "the README's quickstart conversation"
+            code = script.group(1).replace("http://localhost:8000", router.url)
+            ran = await asyncio.to_thread(_run, bare / "bin" / "python", "-c", code)
+            assert ran.returncode == 0, ran.stderr
+            assert ran.stdout.split("\n")[:3] == [
+                "turn 1: cold-miss",
+                "turn 2: reuse",
+                "turn 3: reuse",
+            ], ran.stdout
+            report = await asyncio.to_thread(
+                _run,
                 bare / "bin" / "carryover",
                 "report",
                 "--metrics",
@@ -121,6 +125,6 @@ async def test_the_installed_router_serves_a_turn_and_reports_it(
                 "--json",
             )
             assert report.returncode == 0, report.stderr
-            assert '"turns"' in report.stdout or "turn" in report.stdout, report.stdout
+            assert json.loads(report.stdout)["turns_by_path"] == {"cold-miss": 1, "reuse": 2}
         finally:
             router.stop()

@@ -1,4 +1,5 @@
-"""Configuration: the README's example file loads as documented; flags beat env beat file."""
+"""Configuration: the example file of docs/operations.md loads as documented; flags beat env beat
+file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from carryover.router.cli import load_config
 from carryover.router.config import ConfigError
 
-README = Path(__file__).parents[2] / "README.md"
+README = Path(__file__).parents[2] / "docs" / "operations.md"
 
 
 def readme_toml(secrets: Path) -> str:
