@@ -1,4 +1,4 @@
-"""The router's Prometheus metrics (names documented in README's Operations section).
+"""The router's Prometheus metrics (names documented in docs/operations.md, Metrics).
 
 With several workers (``carryover serve --workers N``) every worker writes its samples to
 files in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode, set up by

@@ -92,7 +92,7 @@ def build() -> Dashboard:
             _panel(
                 "Turns by path",
                 "reqps",
-                "reuse, partial, warm, decode-local and the cold paths (README, X-Carryover-Path).",
+                "reuse, partial, warm, decode-local and the cold paths (docs/operations.md, X-Carryover-Path).",
                 _query(f"sum by (path) (rate(carryover_turns_total{RATE}))", "{{path}}"),
             )
         )

@@ -1,4 +1,4 @@
-"""Metrics of the KV index (README, Operations)."""
+"""Metrics of the KV index (docs/operations.md, Metrics)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ README = Path(__file__).parents[2] / "docs" / "operations.md"
 
 
 def readme_toml(secrets: Path) -> str:
-    """The README's example, its secret files (``/run/secrets/…``) made under ``secrets``."""
+    """The documented example, its secret files (``/run/secrets/…``) made under ``secrets``."""
     blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) == 1
     contents = {
