@@ -27,6 +27,17 @@ __all__ = ["CONFIG_FILE_ENV", "load_config", "serve_parser"]
 CONFIG_FILE_ENV = ENV_PREFIX + "CONFIG"
 
 
+class _SecretFlag(argparse.Action):
+    """A secret given as a flag: refused, without repeating it."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: str | None = None) -> None:
+        key: Key = self.default
+        raise ConfigError(
+            f"{option}: secrets are not taken on the command line (any user of the machine "
+            f"can read it): use {key.env} or a file ({key.name}_file)"
+        )
+
+
 class _Parser(argparse.ArgumentParser):
     """A bad flag is one line naming it (``ConfigError``), not the whole usage."""
 
@@ -56,6 +67,7 @@ def _shown(value: Any) -> str:
 def serve_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="carryover serve",
+        allow_abbrev=False,
         usage="carryover serve [--config FILE] [--prefill URL ...] --decode URL ... [OPTIONS]",
         description="Run the router in front of vLLM prefill and decode instances. Every "
         "setting is also a CARRYOVER_* variable and a key of the --config file "
@@ -69,7 +81,15 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     groups = {scope: p.add_argument_group(title) for scope, title in _GROUPS.items()}
     for key in keys():
-        if key.flag is None:
+        if key.flag is None:  # a secret: a flag of its name only says where it goes instead
+            name = "--" + key.name.replace("_", "-")
+            p.add_argument(
+                name,
+                action=_SecretFlag,
+                dest=f"secret_{key.name}",
+                default=key,
+                help=argparse.SUPPRESS,
+            )
             continue
         if key.hidden:
             text = argparse.SUPPRESS

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,12 @@ import pytest
         (["--decode", "http://d:1", "--host", "0.0.0.0"], "allow_unauthenticated"),
         (["--decode", "http://d:1", "--workers", "2"], "workers"),
         (["--decode", "http://d:1", "--no-such-flag"], "--no-such-flag"),
+        # A secret on the command line (readable by every user of the machine) is refused.
+        (["--decode", "http://d:1", "--admin-key", "sk-x"], "--admin-key"),
+        (["--decode", "notaurl", "--workers", "2", "--redis", "redis://127.0.0.1:9/0"], "notaurl"),
+        (["--decode", "http://d:1", "--request-timeout", "soon"], "--request-timeout"),
+        (["--decode", "http://d:1", "--decode-kv-low-water", "0.95"], "decode_kv_low_water"),
+        (["--decode", "http://d:1", "--config", "/nonexistent.toml"], "/nonexistent.toml"),
     ],
 )
 def test_a_configuration_that_cannot_run_is_one_line_and_exit_2(
@@ -37,15 +44,17 @@ def test_a_configuration_that_cannot_run_is_one_line_and_exit_2(
     assert lines[0].startswith("carryover: configuration error: ")
 
 
-def test_version_and_help_run_nothing() -> None:
-    for args in (["--version"], ["demo", "--help"], ["serve", "--help"]):
+def test_version_and_help_run_nothing(tmp_path: Path) -> None:
+    for args in (["--version"], ["demo", "--help"], ["serve", "--help"], ["report", "--help"]):
         done = subprocess.run(
             [sys.executable, "-m", "carryover", *args],
             capture_output=True,
             text=True,
             timeout=60,
+            cwd=tmp_path,
         )
         assert done.returncode == 0 and done.stdout, done
+    assert not list(tmp_path.iterdir()), "--help wrote something"
     assert (
         "0.1"
         in subprocess.run(
