@@ -20,7 +20,7 @@ from carryover.router.config.keys import ENV_PREFIX
 from carryover.router.config.load import load_config
 from carryover.router.metrics import MULTIPROC_ENV
 
-__all__ = ["load_config", "main"]
+__all__ = ["main"]
 
 
 def _serve(argv: Sequence[str]) -> None:

@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import EngineFailed
 from carryover.router.fleet.instance import Breaker, Instance

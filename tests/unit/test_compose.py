@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from carryover.bench.sim.config import parse_sim_args
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.state.redis_url import Topology, parse_redis_url
 
 COMPOSE = Path(__file__).parents[2] / "compose.yaml"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from carryover.router.cli import load_config
 from carryover.router.config import ConfigError
+from carryover.router.config.load import load_config
 
 README = Path(__file__).parents[2] / "docs" / "operations.md"
 

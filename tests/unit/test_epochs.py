@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.router.engines.upstream import Upstream
 from carryover.router.fleet.pool import InstancePool
 from carryover.router.metrics import RouterMetrics

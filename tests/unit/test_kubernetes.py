@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "kubernetes"
 KUBERNETES = "1.30.0"  # the oldest release still supported by its project when written

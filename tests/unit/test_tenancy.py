@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from carryover.router.cli import load_config
 from carryover.router.config import TenantLimits
+from carryover.router.config.load import load_config
 from carryover.router.errors import (
     BadRequest,
     EngineFailed,

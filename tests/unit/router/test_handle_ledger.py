@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from litestar import Litestar
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
 from carryover.state import Committed, ConversationKey, MemoryStore, Record
 from tests.support.metrics import parse

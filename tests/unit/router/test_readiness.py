@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import FakeEngine, FakeFleet

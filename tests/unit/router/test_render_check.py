@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 from litestar.testing import AsyncTestClient
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
 from carryover.router.render.auto import AutoRenderer, RenderCheck
 from carryover.router.render.backends import EngineTokenize, LocalRenderer

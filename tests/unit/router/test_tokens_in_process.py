@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import ANSWER, FakeEngine, FakeFleet, assert_ledger_balanced, encode

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from litestar.testing import AsyncTestClient
 
-from carryover.router.cli import load_config
+from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
 from tests.support.metrics import turns_by_path
 from tests.support.waiting import eventually
