@@ -153,7 +153,7 @@ def _walk(
             "about": description,
             "hidden": bool(extra.get("hidden")),
         }
-        if extra.get("secret"):
+        if extra.get("secret"):  # no flag: a variable, or a file named by its own key
             found.append(
                 Key(
                     path=path,
@@ -164,21 +164,7 @@ def _walk(
                     **common,
                 )
             )
-            file_key = extra["file"]
-            found.append(
-                Key(
-                    scope=scope,
-                    path=(*prefix, file_key),
-                    type=str | None,
-                    type_name="path (optional)",
-                    default=None,
-                    about=f"A file holding {field.name} (a mounted secret).",
-                    kind=Kind.FILE,
-                    flag=_flag(pattern, file_key),
-                    env=ENV_PREFIX + file_key.upper(),
-                    secret_of=field.name,
-                )
-            )
+            found.append(_file_key(scope, prefix, pattern, extra["file"], field.name))
             continue
         choices = tuple(inner.values) if isinstance(inner, mi.LiteralType) else None
         found.append(
@@ -195,6 +181,21 @@ def _walk(
         if kind is Kind.INSTANCES and field.name == "prefill":
             found += _instance_keys()
     return found
+
+
+def _file_key(scope: Scope, prefix: tuple[str, ...], pattern: str, name: str, secret: str) -> Key:
+    return Key(
+        scope=scope,
+        path=(*prefix, name),
+        type=str | None,
+        type_name="path (optional)",
+        default=None,
+        about=f"A file holding {secret} (a mounted secret).",
+        kind=Kind.FILE,
+        flag=_flag(pattern, name),
+        env=ENV_PREFIX + name.upper(),
+        secret_of=secret,
+    )
 
 
 def _instance_keys() -> list[Key]:

@@ -8,7 +8,7 @@ import importlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,7 @@ from carryover.router.tokens.check import TokensCheck, keep_checking
 from carryover.router.tracing import Tracing
 from carryover.router.turn import TurnRunner
 from carryover.router.turn.services import Planner
-from carryover.state import Store, plan
+from carryover.state import Record, Store, plan
 from carryover.state.resp import redacted_url
 
 if TYPE_CHECKING:
@@ -152,23 +152,21 @@ def create_app(
         )
         pool.on_restart.append(lambda instance: kv.instance_restarted(instance.name))
 
+        def giving_back(cause: ReleaseCause) -> Callable[[Instance, Record], Awaitable[bool]]:
+            """Releases a handle claimed from ``instance``'s records (relief, departure)."""
+
+            def give_back(instance: Instance, record: Record) -> Awaitable[bool]:
+                name = services.model_names.get(id(instance.model)) or ""
+                return runner.give_back(instance.model, name, record.handle, Origin.RELIEVED, cause)
+
+            return give_back
+
         async def instance_left(instance: Instance) -> int:
             kv.left(instance.name)
             if instance.role != "decode":
                 return 0
-            return await give_back_left(
-                backend,
-                instance,
-                lambda instance, record: runner.give_back(
-                    instance.model,
-                    services.model_names.get(id(instance.model)) or "",
-                    record.handle,
-                    Origin.RELIEVED,
-                    ReleaseCause.INSTANCE_GONE,
-                ),
-                runner.ledger,
-                now=clock(),
-            )
+            release = giving_back(ReleaseCause.INSTANCE_GONE)
+            return await give_back_left(backend, instance, release, runner.ledger, now=clock())
 
         pool.on_join.append(lambda instance: kv.joined(instance.config, instance.model))
         pool.on_leave.append(instance_left)
@@ -200,13 +198,7 @@ def create_app(
             relieve_forever(
                 backend,
                 pool.decodes,
-                lambda instance, record: runner.give_back(
-                    instance.model,
-                    services.model_names.get(id(instance.model)) or "",
-                    record.handle,
-                    Origin.RELIEVED,
-                    ReleaseCause.DECODE_PRESSURE,
-                ),
+                giving_back(ReleaseCause.DECODE_PRESSURE),
                 runner.ledger,
                 metrics_,
                 high_water=config.decode_kv_high_water,
