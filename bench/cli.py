@@ -56,6 +56,29 @@ def _multiturn(args: argparse.Namespace) -> None:
     print(f"written to {args.out}")
 
 
+def _fleet(args: argparse.Namespace) -> None:
+    from carryover.bench.fleet import run_fleet
+
+    report = run_fleet(
+        args.workload,
+        answer_tokens=args.answer_tokens,
+        arms=args.arms.split(","),
+        out=args.out,
+        slo=Slo.parse(args.slo),
+        prefills=args.prefills,
+        decodes=args.decodes,
+        time_scale=args.time_scale,
+        conversations=args.conversations,
+        turns=args.turns,
+        rate=args.rate,
+        num_blocks=args.num_blocks,
+        seed=args.seed,
+        progress=sys.stderr.isatty(),
+    )
+    print(render_markdown(report))
+    print(f"written to {args.out}")
+
+
 def _overhead(args: argparse.Namespace) -> None:
     from carryover.bench.overhead import parse_peer, run_overhead
 
@@ -173,6 +196,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     m.add_argument("--slo", default="ttft=2000ms,itl=50ms")
     m.add_argument("--out", type=Path, default=Path("results/multiturn"))
     m.set_defaults(func=_multiturn)
+    from carryover.bench.fleet import ARMS as FLEET_ARMS
+    from carryover.bench.fleet import PRESETS
+
+    f = sub.add_parser("fleet", help="one simulated fleet, every router in the same run")
+    f.add_argument("--workload", choices=sorted(PRESETS), required=True)
+    f.add_argument("--answer-tokens", type=int, default=60, help="about 60, 600 or 2000")
+    f.add_argument("--arms", default=",".join(FLEET_ARMS), help="comma-separated")
+    f.add_argument("--prefills", type=int, default=4)
+    f.add_argument("--decodes", type=int, default=4)
+    f.add_argument("--num-blocks", type=int, help="KV capacity per instance (default: preset)")
+    f.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.05,
+        help="engine timing, think times, D's TTL and arrival gaps times this",
+    )
+    f.add_argument("--conversations", type=int, help="default: the preset's")
+    f.add_argument("--turns", type=int, help="default: the preset's")
+    f.add_argument("--rate", type=float, help="new conversations per simulated second")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--slo", default="ttft=2000ms,itl=50ms")
+    f.add_argument("--out", type=Path, default=Path("results/fleet"))
+    f.set_defaults(func=_fleet)
     o = sub.add_parser("overhead", help="router cost per turn against direct engine calls")
     o.add_argument(
         "--peer",

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from carryover.bench.procs import Process, topology
+from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
+from carryover.bench.procs import Process, free_port, topology
 from carryover.bench.report import Slo, build_report, write_report
 from carryover.bench.runner import TurnRecord, run_arm
 from carryover.bench.workload import Conversation
@@ -62,12 +63,22 @@ _SETTING: dict[str, tuple[str, type]] = {
 }
 
 
+#: ``vllm-router:POLICY`` arms: vLLM Router in front of the same fleet (bench/peers.py).
+PEER = "vllm-router"
+
+
 def arm_flags(arm: str) -> list[str] | None:
     """The router flags of ``arm``; ``carryover-decode-local:N`` is that arm with N tokens as
     its threshold, ``carryover-tokens-per-load:N`` with N as its price of load,
     ``carryover-tokens:S`` with streams derendered at least every S seconds (to measure
     several in one run)."""
     name, _, setting = arm.partition(":")
+    if name == PEER:
+        if setting not in POLICIES:
+            raise ValueError(
+                f"arm {arm!r}: vllm-router:POLICY, POLICY one of {', '.join(POLICIES)}"
+            )
+        return []
     if name in _SETTING and setting:
         flag, kind = _SETTING[name]
         flags = list(ARMS[name] or [])
@@ -91,6 +102,7 @@ class ArmResult:
     # Prompt tokens by role and source, summed over the arm's engines ("decode/external_kv_transfer"
     # is what D pulled from P): the engines' own counters, not the router's view.
     sources: dict[str, float]
+    command: str = ""  # the router's command line ("" for the colocated baseline)
 
 
 _SOURCES = "vllm:prompt_tokens_by_source_total"
@@ -132,11 +144,38 @@ def _run_sim_arm(
 ) -> ArmResult:
     flags = arm_flags(arm)
     engines: list[tuple[str, Process]] = []
+    name, _, policy = arm.partition(":")
     with topology() as topo:
         if flags is None:
             engine = topo.sim("engine", None, speed=speed, extra=sim_flags)
             url, send_id = engine.url, False
             engines.append(("colocated", engine))
+            command = ""
+        elif name == PEER:
+            # As its users run it: engines without bidirectional_kv_xfer (docs: bench/peers.py).
+            events = policy == "kv_aware"
+            ps = [
+                topo.sim(
+                    f"prefill-{i}",
+                    "kv_producer",
+                    speed=speed,
+                    extra=sim_flags,
+                    kv_events=events,
+                    bidirectional=False,
+                )
+                for i in range(prefills)
+            ]
+            ds = [
+                topo.sim(
+                    f"decode-{i}", "kv_consumer", speed=speed, extra=sim_flags, bidirectional=False
+                )
+                for i in range(decodes)
+            ]
+            peer = topo.peer(
+                "peer", ensure_vllm_router(), vllm_router_args(policy, ps, ds, free_port())
+            )
+            url, send_id, command = peer.url, False, " ".join(peer.argv)
+            engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         else:
             events = indexed(arm)
             if arm.partition(":")[0] in TOKENS:
@@ -178,7 +217,7 @@ def _run_sim_arm(
                 else []
             )
             router = topo.router("router", ps, ds, *flags, *ttl_flags)
-            url, send_id = router.url, True
+            url, send_id, command = router.url, True, " ".join(router.argv)
             engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         topo.wait()
         started = time.perf_counter()
@@ -189,11 +228,12 @@ def _run_sim_arm(
                 conversations,
                 model=model,
                 send_conversation_id=send_id,
+                session_header=name == PEER,
                 progress=progress,
             )
         )
         wall = time.perf_counter() - started
-        return ArmResult(records, wall, prompt_sources(engines))
+        return ArmResult(records, wall, prompt_sources(engines), command)
 
 
 def run_arms(
@@ -217,6 +257,7 @@ def run_arms(
     records: list[TurnRecord] = []
     walls: dict[str, float] = {}
     sources: dict[str, dict[str, float]] = {}
+    commands: dict[str, str] = {}
     for arm in arms:
         result = _run_sim_arm(
             arm,
@@ -232,6 +273,7 @@ def run_arms(
         records += result.records
         walls[arm] = result.wall
         sources[arm] = result.sources
+        commands[arm] = result.command
     for arm, url in (targets or {}).items():
         started = time.perf_counter()
         records += asyncio.run(run_arm(arm, url, conversations, model=model, progress=progress))
@@ -240,5 +282,6 @@ def run_arms(
     report = build_report(
         records, baseline_arm=baseline, slo=slo, wall_seconds=walls, meta=meta, sources=sources
     )
+    report["commands"] = commands
     report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
     return report

@@ -29,6 +29,7 @@ class Process:
     popen: subprocess.Popen[bytes]
     log: Path
     kv_events: tuple[str, str] | None = None  # (events, replay) endpoints, when it publishes
+    argv: list[str] = field(default_factory=list)  # how it was started
 
     def stop(self) -> None:
         if self.popen.poll() is None:
@@ -65,18 +66,24 @@ class Topology:
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="carryover-")))
     processes: list[Process] = field(default_factory=list)
 
-    def _spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> Process:
+    def _spawn(
+        self,
+        name: str,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        command: Sequence[str] = (sys.executable, "-m", "carryover"),
+    ) -> Process:
         port = int(args[args.index("--port") + 1])
         log = self.log_dir / f"{name}.log"
         handle = open(log, "ab")  # noqa: SIM115 - owned by the child
         popen = subprocess.Popen(
-            [sys.executable, "-m", "carryover", *args],
+            [*command, *args],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
             start_new_session=True,  # a router's uvicorn workers are its children
         )
-        process = Process(name, f"http://127.0.0.1:{port}", popen, log)
+        process = Process(name, f"http://127.0.0.1:{port}", popen, log, argv=[*command, *args])
         self.processes.append(process)
         return process
 
@@ -158,6 +165,10 @@ class Topology:
                 args += ["--kv-events", f"{engine.url}={engine.kv_events[0]}"]
                 args += ["--kv-events-replay", f"{engine.url}={engine.kv_events[1]}"]
         return self._spawn(name, [*args, *flags])
+
+    def peer(self, name: str, binary: Path, args: Sequence[str]) -> Process:
+        """Another router (``bench/peers.py``), started from its own binary."""
+        return self._spawn(name, args, command=(str(binary),))
 
     def wait(self, timeout: float = 180.0) -> None:
         for process in self.processes:

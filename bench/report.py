@@ -135,6 +135,11 @@ def build_report(
             "goodput_share": good / len(rows) if rows else 0.0,
             "goodput_per_s": good / wall_seconds[arm] if wall_seconds.get(arm) else None,
             "wall_seconds": wall_seconds.get(arm),
+            # What the clients were told their prompts held, per turn: every prompt token is
+            # one each engine computed, found in its cache or pulled (the engines' counters).
+            "client_prompt_tokens_per_turn": (
+                sum(r.prompt_tokens or 0 for r in ok) / len(ok) if ok else None
+            ),
             "prompt_tokens_per_turn": {
                 key: value / len(ok) for key, value in sorted((sources or {}).get(arm, {}).items())
             }
@@ -189,6 +194,10 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the "
             "same turn."
         )
+    commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
+    if commands:
+        lines += ["", "## Each arm's router, as started", ""]
+        lines += [f"- `{arm}`: `{command}`" for arm, command in commands.items()]
     lines.append("")
     return "\n".join(lines)
 

@@ -30,6 +30,7 @@ class TurnRecord:
     path: str | None = None
     answer: str = ""
     error: str | None = None
+    prompt_tokens: int | None = None  # the answer's usage, as the client is told
 
 
 class _Progress:
@@ -57,6 +58,7 @@ async def one_turn(
     messages: list[dict[str, Any]],
     model: str,
     send_conversation_id: bool,
+    session_header: bool = False,
 ) -> TurnRecord:
     body: dict[str, Any] = {
         "model": model,
@@ -65,6 +67,7 @@ async def one_turn(
         "ignore_eos": True,
         "temperature": 0,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
     if conversation.thinking:
         body["chat_template_kwargs"] = {"enable_thinking": True}
@@ -74,7 +77,11 @@ async def one_turn(
     started = time.perf_counter()
     last = None
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        # What session-affine routers key on (vLLM Router's consistent_hash reads X-Session-ID).
+        headers = {"X-Session-ID": conversation.id} if session_header else None
+        async with client.stream(
+            "POST", f"{url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
             record.status = response.status_code
             record.path = response.headers.get("x-carryover-path")
             if response.status_code != 200:
@@ -87,6 +94,8 @@ async def one_turn(
                 if "error" in chunk:
                     record.error = str(chunk["error"])
                     continue
+                if chunk.get("usage"):
+                    record.prompt_tokens = chunk["usage"].get("prompt_tokens")
                 for choice in chunk.get("choices", []):
                     delta = choice.get("delta", {})
                     text = delta.get("content") or ""
@@ -111,6 +120,7 @@ async def run_arm(
     *,
     model: str,
     send_conversation_id: bool = True,
+    session_header: bool = False,
     progress: bool = True,
     timeout: float = 600.0,
 ) -> list[TurnRecord]:
@@ -137,7 +147,15 @@ async def run_arm(
                     }
                 messages.append({"role": "user", "content": text})
                 record = await one_turn(
-                    client, url, arm, conversation, turn, messages, model, send_conversation_id
+                    client,
+                    url,
+                    arm,
+                    conversation,
+                    turn,
+                    messages,
+                    model,
+                    send_conversation_id,
+                    session_header,
                 )
                 records.append(record)
                 bar.step()

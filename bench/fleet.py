@@ -1,0 +1,154 @@
+"""``carryover bench fleet``: one simulated fleet, one workload (same seed, same arrival and
+think times), every arm in turn on fresh engines: carryover's arms and the routers users
+would run instead (vLLM Router's P/D policies, bench/peers.py), and a plain P/D proxy
+(carryover without conversation state).
+
+Time is scaled by one factor (``--time-scale``): the engines' simulated timing, the think
+times and D's ``decoder_kv_blocks_ttl`` (the router is told the same TTL, with no queue
+margin), so that a run fits in minutes here; the report says what was scaled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from carryover.bench.multiturn import run_arms
+from carryover.bench.peers import POLICIES
+from carryover.bench.report import Slo
+from carryover.bench.workload import Distribution, WorkloadSpec, generate
+
+__all__ = ["ARMS", "PRESETS", "Preset", "run_fleet"]
+
+#: Every arm of a fleet run, in the order they run.
+ARMS = (
+    "carryover",
+    "carryover-no-index",
+    "carryover-decode-local",
+    "carryover-warm",
+    "carryover-no-reuse",  # the plain P/D proxy: load only, no conversation state
+    *(f"vllm-router:{policy}" for policy in POLICIES),
+)
+
+
+class Preset(msgspec.Struct, frozen=True):
+    """A named workload and the fleet it runs on, before time scaling."""
+
+    about: str
+    conversations: int
+    turns: int
+    system_tokens: Distribution
+    user_tokens: Distribution
+    think_ms: Distribution
+    reasoning_share: float
+    arrival: str
+    rate: float
+    num_blocks: int  # KV capacity of each instance, in blocks of 16 tokens
+    decode_ttl: float = 480.0  # D's decoder_kv_blocks_ttl, seconds
+
+
+PRESETS: dict[str, Preset] = {
+    "chat": Preset(
+        about="chat: long shared system prompts, log-normal think times with a tail past "
+        "D's TTL, a quarter on a reasoning template whose thinking later turns strip",
+        conversations=500,
+        turns=10,
+        system_tokens=Distribution("constant", 1000),
+        user_tokens=Distribution("lognormal", 150, sigma=0.6),
+        think_ms=Distribution("lognormal", 30_000, sigma=1.5),
+        reasoning_share=0.25,
+        arrival="poisson",
+        rate=8.0,
+        num_blocks=32768,
+    ),
+    "agent": Preset(
+        about="agent: concurrent sessions of many turns, tool results of 50-2,000 tokens, "
+        "gaps of 0.2-5 s, contexts growing past 30k tokens",
+        conversations=64,
+        turns=30,
+        system_tokens=Distribution("constant", 2000),
+        user_tokens=Distribution("uniform", low=50, high=2000),
+        think_ms=Distribution("uniform", low=200, high=5000),
+        reasoning_share=0.0,
+        arrival="closed",
+        rate=64.0,
+        num_blocks=65536,
+    ),
+    "pressure": Preset(
+        about="pressure: chat on decoders whose KV capacity pins alone could fill half of",
+        conversations=500,
+        turns=10,
+        system_tokens=Distribution("constant", 1000),
+        user_tokens=Distribution("lognormal", 150, sigma=0.6),
+        think_ms=Distribution("lognormal", 30_000, sigma=1.5),
+        reasoning_share=0.25,
+        arrival="poisson",
+        rate=16.0,
+        num_blocks=4096,
+    ),
+}
+
+
+def _scaled(d: Distribution, factor: float) -> Distribution:
+    if factor == 0:
+        return Distribution("constant", 0)
+    return msgspec.structs.replace(
+        d, value=d.value * factor, low=d.low * factor, high=d.high * factor
+    )
+
+
+def run_fleet(
+    workload: str,
+    *,
+    answer_tokens: int,
+    arms: list[str],
+    out: Path,
+    slo: Slo,
+    prefills: int = 4,
+    decodes: int = 4,
+    time_scale: float = 0.05,
+    conversations: int | None = None,
+    turns: int | None = None,
+    rate: float | None = None,
+    num_blocks: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    preset = PRESETS[workload]
+    spec = WorkloadSpec(
+        conversations=conversations or preset.conversations,
+        turns=turns or preset.turns,
+        system_tokens=preset.system_tokens,
+        user_tokens=preset.user_tokens,
+        output_tokens=Distribution("constant", answer_tokens),
+        think_time=_scaled(preset.think_ms, time_scale),
+        reasoning_share=preset.reasoning_share,
+        arrival=preset.arrival,
+        # Arrivals per second of scaled time; time_scale 0 (engines without delays): at once.
+        rate=(rate or preset.rate) / time_scale if time_scale > 0 else 1e9,
+        seed=seed,
+        shared_system=True,
+    )
+    blocks = num_blocks or preset.num_blocks
+    meta = {
+        "workload": workload,
+        "about": preset.about,
+        "answer_tokens": answer_tokens,
+        "fleet": f"{prefills} P + {decodes} D, {blocks} KV blocks each",
+        "time_scale": f"{time_scale} (engine timing, think times, D's TTL, arrival gaps)",
+        "spec": msgspec.json.encode(spec).decode(),
+    }
+    return run_arms(
+        generate(spec),
+        arms,
+        out=out,
+        slo=slo,
+        prefills=prefills,
+        decodes=decodes,
+        speed=time_scale,
+        sim_flags=["--sim-num-blocks", str(blocks)],
+        progress=progress,
+        meta=meta,
+        decode_ttl=preset.decode_ttl * time_scale,
+    )
