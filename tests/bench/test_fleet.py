@@ -44,14 +44,13 @@ def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path
         d_side = sum(v for k, v in sources.items() if k.startswith("decode/"))
         assert d_side == pytest.approx(told), (name, sources, told)
     assert arms["carryover"]["answers_differing_from_baseline"] == 0
-    # The proxy keeps nothing: P computes or hits every token, pulls none; carryover pulls.
+    # The proxy keeps nothing: P computes or hits every token and pulls none.
     proxy = arms["carryover-no-reuse"]["prompt_tokens_per_turn"]
     assert proxy.get("prefill/external_kv_transfer", 0) == 0
     # ... and gives every turn's handle back through P: a one-token request each.
     p_side = sum(v for k, v in proxy.items() if k.startswith("prefill/"))
     told = arms["carryover-no-reuse"]["client_prompt_tokens_per_turn"]
     assert p_side == pytest.approx(told + 1)
-    assert arms["carryover"]["prompt_tokens_per_turn"]["prefill/external_kv_transfer"] > 0
     assert (
         arms["carryover"]["paths"].get("reuse", 0) + arms["carryover"]["paths"].get("partial", 0)
         > 0
