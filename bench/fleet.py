@@ -56,7 +56,8 @@ PRESETS: dict[str, Preset] = {
         turns=10,
         system_tokens=Distribution("constant", 1000),
         user_tokens=Distribution("lognormal", 150, sigma=0.6),
-        think_ms=Distribution("lognormal", 30_000, sigma=1.5),
+        # A median of 20 s, one in twenty past D's 480 s, none past 720 s.
+        think_ms=Distribution("lognormal", 20_000, high=720_000, sigma=1.9),
         reasoning_share=0.25,
         arrival="poisson",
         rate=8.0,
@@ -81,7 +82,7 @@ PRESETS: dict[str, Preset] = {
         turns=10,
         system_tokens=Distribution("constant", 1000),
         user_tokens=Distribution("lognormal", 150, sigma=0.6),
-        think_ms=Distribution("lognormal", 30_000, sigma=1.5),
+        think_ms=Distribution("lognormal", 20_000, high=720_000, sigma=1.9),
         reasoning_share=0.25,
         arrival="poisson",
         rate=16.0,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,71 @@ class ArmResult:
     # is what D pulled from P): the engines' own counters, not the router's view.
     sources: dict[str, float]
     command: str = ""  # the router's command line ("" for the colocated baseline)
+    decode_kv: list[tuple[float, float, float]] = field(default_factory=list)
+    relieved: float | None = None  # handles carryover gave back under KV pressure
 
 
 _SOURCES = "vllm:prompt_tokens_by_source_total"
+_RELIEVED = ("carryover_handle_fates_total", {"fate": "released", "cause": "decode_pressure"})
+
+
+def _gauges(url: str, names: Sequence[str]) -> dict[str, float]:
+    found = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name in found:
+                found[sample.name] += sample.value
+    return found
+
+
+class DecodeSampler:
+    """Every ``interval``: the decode instances' mean KV cache use (pins included) and the
+    handles they pin, read from their own /metrics, for as long as an arm runs."""
+
+    def __init__(self, decodes: Sequence[Process], interval: float = 1.0) -> None:
+        self.samples: list[tuple[float, float, float]] = []  # (seconds, mean use, pinned)
+        self._decodes, self._interval = list(decodes), interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = time.perf_counter()
+
+    def __enter__(self) -> DecodeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()  # and as the run left them
+
+    def _run(self) -> None:
+        self._started = time.perf_counter()
+        while not self._stop.wait(self._interval if self.samples else 0):
+            self._sample()
+
+    def _sample(self) -> None:
+        if not self._decodes:  # the colocated baseline
+            return
+        names = ("vllm:kv_cache_usage_perc", "sim:pinned_handles")
+        try:
+            read = [_gauges(d.url, names) for d in self._decodes]
+        except httpx.HTTPError:
+            return
+        usage = sum(r[names[0]] for r in read) / len(read)
+        pinned = sum(r[names[1]] for r in read)
+        self.samples.append((time.perf_counter() - self._started, usage, pinned))
+
+
+def relieved_handles(router_url: str) -> float:
+    """Handles a carryover router gave back under decode KV pressure, by its own count."""
+    name, labels = _RELIEVED
+    total = 0.0
+    text = httpx.get(f"{router_url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
 
 
 def engine_prompt_sources(url: str) -> dict[str, float]:
@@ -220,20 +283,23 @@ def _run_sim_arm(
             url, send_id, command = router.url, True, " ".join(router.argv)
             engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         topo.wait()
+        decoding = [process for role, process in engines if role == "decode"]
         started = time.perf_counter()
-        records = asyncio.run(
-            run_arm(
-                arm,
-                url,
-                conversations,
-                model=model,
-                send_conversation_id=send_id,
-                session_header=name == PEER,
-                progress=progress,
+        with DecodeSampler(decoding) as sampler:
+            records = asyncio.run(
+                run_arm(
+                    arm,
+                    url,
+                    conversations,
+                    model=model,
+                    send_conversation_id=send_id,
+                    session_header=name == PEER,
+                    progress=progress,
+                )
             )
-        )
         wall = time.perf_counter() - started
-        return ArmResult(records, wall, prompt_sources(engines), command)
+        relieved = relieved_handles(url) if send_id else None
+        return ArmResult(records, wall, prompt_sources(engines), command, sampler.samples, relieved)
 
 
 def run_arms(
@@ -258,6 +324,7 @@ def run_arms(
     walls: dict[str, float] = {}
     sources: dict[str, dict[str, float]] = {}
     commands: dict[str, str] = {}
+    decode_kv: dict[str, dict[str, Any]] = {}
     for arm in arms:
         result = _run_sim_arm(
             arm,
@@ -274,6 +341,14 @@ def run_arms(
         walls[arm] = result.wall
         sources[arm] = result.sources
         commands[arm] = result.command
+        usage = [u for _, u, _ in result.decode_kv]
+        decode_kv[arm] = {
+            "kv_usage_mean": sum(usage) / len(usage) if usage else None,
+            "kv_usage_peak": max(usage, default=None),
+            "pinned_handles_peak": max((p for _, _, p in result.decode_kv), default=None),
+            "relieved_handles": result.relieved,
+            "samples": result.decode_kv,
+        }
     for arm, url in (targets or {}).items():
         started = time.perf_counter()
         records += asyncio.run(run_arm(arm, url, conversations, model=model, progress=progress))
@@ -283,5 +358,6 @@ def run_arms(
         records, baseline_arm=baseline, slo=slo, wall_seconds=walls, meta=meta, sources=sources
     )
     report["commands"] = commands
+    report["decode_kv"] = decode_kv
     report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
     return report

@@ -194,6 +194,24 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the "
             "same turn."
         )
+    decode_kv = report.get("decode_kv") or {}
+    if decode_kv:
+        lines += [
+            "",
+            "## Decode instances' KV over the run (their own gauges, sampled each second)",
+            "",
+        ]
+        lines += [
+            "| arm | KV use mean | KV use peak | pinned handles peak | given back under pressure |"
+        ]
+        lines.append("|---|---|---|---|---|")
+        for arm, kv in decode_kv.items():
+            mean, peak = kv["kv_usage_mean"], kv["kv_usage_peak"]
+            lines.append(
+                f"| {arm} | {_fmt(mean * 100 if mean is not None else None, 0)}% "
+                f"| {_fmt(peak * 100 if peak is not None else None, 0)}% "
+                f"| {_fmt(kv['pinned_handles_peak'], 0)} | {_fmt(kv['relieved_handles'], 0)} |"
+            )
     commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
     if commands:
         lines += ["", "## Each arm's router, as started", ""]

@@ -69,7 +69,8 @@ _WORDS = [
 
 
 class Distribution(msgspec.Struct, frozen=True):
-    """``constant`` (value), ``uniform`` (low..high) or ``lognormal`` (median, sigma)."""
+    """``constant`` (value), ``uniform`` (low..high) or ``lognormal`` (median, sigma; at most
+    ``high`` when it is set)."""
 
     kind: str = "constant"
     value: float = 100
@@ -84,6 +85,8 @@ class Distribution(msgspec.Struct, frozen=True):
             value = rng.uniform(self.low, self.high)
         elif self.kind == "lognormal":
             value = rng.lognormvariate(math.log(self.value), self.sigma)
+            if self.high > 0:
+                value = min(value, self.high)
         else:
             raise ValueError(f"unknown distribution {self.kind!r}")
         return max(minimum, int(value))

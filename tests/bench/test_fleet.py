@@ -56,3 +56,7 @@ def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path
         > 0
     )
     assert "carryover-no-reuse" in report["commands"]
+    # D's own gauges, sampled through the run: carryover's pins show; nothing was under
+    # pressure on a fleet this empty, so nothing was given back.
+    kv = report["decode_kv"]["carryover"]
+    assert kv["samples"] and kv["pinned_handles_peak"] >= 1 and kv["relieved_handles"] == 0
