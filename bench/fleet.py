@@ -48,21 +48,24 @@ class Preset(msgspec.Struct, frozen=True):
     decode_ttl: float = 480.0  # D's decoder_kv_blocks_ttl, seconds
 
 
+CHAT = Preset(
+    about="chat: long shared system prompts, log-normal think times with a tail past "
+    "D's TTL, a quarter on a reasoning template whose thinking later turns strip",
+    conversations=500,
+    turns=10,
+    system_tokens=Distribution("constant", 1000),
+    user_tokens=Distribution("lognormal", 150, sigma=0.6),
+    # A median of 20 s, one in twenty past D's 480 s, none past 720 s.
+    think_ms=Distribution("lognormal", 20_000, high=720_000, sigma=1.9),
+    reasoning_share=0.25,
+    arrival="poisson",
+    rate=8.0,
+    num_blocks=32768,
+)
+
+
 PRESETS: dict[str, Preset] = {
-    "chat": Preset(
-        about="chat: long shared system prompts, log-normal think times with a tail past "
-        "D's TTL, a quarter on a reasoning template whose thinking later turns strip",
-        conversations=500,
-        turns=10,
-        system_tokens=Distribution("constant", 1000),
-        user_tokens=Distribution("lognormal", 150, sigma=0.6),
-        # A median of 20 s, one in twenty past D's 480 s, none past 720 s.
-        think_ms=Distribution("lognormal", 20_000, high=720_000, sigma=1.9),
-        reasoning_share=0.25,
-        arrival="poisson",
-        rate=8.0,
-        num_blocks=32768,
-    ),
+    "chat": CHAT,
     "agent": Preset(
         about="agent: concurrent sessions of many turns, tool results of 50-2,000 tokens, "
         "gaps of 0.2-5 s, contexts growing past 30k tokens",
@@ -76,15 +79,10 @@ PRESETS: dict[str, Preset] = {
         rate=64.0,
         num_blocks=65536,
     ),
-    "pressure": Preset(
-        about="pressure: chat on decoders whose KV capacity pins alone could fill half of",
-        conversations=500,
-        turns=10,
-        system_tokens=Distribution("constant", 1000),
-        user_tokens=Distribution("lognormal", 150, sigma=0.6),
-        think_ms=Distribution("lognormal", 20_000, high=720_000, sigma=1.9),
-        reasoning_share=0.25,
-        arrival="poisson",
+    "pressure": msgspec.structs.replace(
+        CHAT,
+        about="pressure: chat at twice the rate, on decoders whose KV capacity pins alone "
+        "could fill half of",
         rate=16.0,
         num_blocks=4096,
     ),
