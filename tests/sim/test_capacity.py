@@ -1,0 +1,68 @@
+"""The simulator's KV capacity behaves as vLLM's does where the fleet benchmark depends on it
+(issue 39): blocks held by a request or a pin count against capacity and are never evicted;
+a request that finds no free block waits; cached blocks no one holds are evicted least
+recently freed first, and each eviction is a KV event; a pull costs time by bytes, so a
+small one can lose to computing the tokens locally."""
+
+from __future__ import annotations
+
+import pytest
+
+from carryover.bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
+from carryover.bench.sim.timing import Timing
+from carryover.router.kv.events import BlockRemoved
+
+
+def _prompt(start: int, blocks: int, size: int = 4) -> list[int]:
+    return list(range(start, start + blocks * size))
+
+
+def test_held_blocks_count_against_capacity_and_a_request_beyond_it_waits() -> None:
+    pool = BlockPool(8, 4)
+    held = pool.allocate(6)  # a running request, or D's pin of a finished turn
+    assert pool.usage() == pytest.approx(6 / 8)
+    with pytest.raises(OutOfBlocks):
+        pool.allocate(3)  # the engine leaves it waiting for blocks (engine.py)
+    pool.release(held[:2])
+    assert len(pool.allocate(3)) == 3
+
+
+def test_cached_free_blocks_go_least_recently_freed_first_with_an_event_each() -> None:
+    pool = BlockPool(4, 4, events=True)
+    old, new = _prompt(0, 2), _prompt(100, 2)
+    first = pool.allocate(2)
+    pool.cache(first, old)
+    pool.release(first)  # freed first: evicted first
+    second = pool.allocate(2)
+    pool.cache(second, new)
+    pool.release(second)
+    pool.take_events()
+    assert pool.cached_blocks == 4
+    pool.allocate(2)  # needs two blocks: both of the older prompt's go
+    removed = [e for e in pool.take_events() if isinstance(e, BlockRemoved)]
+    gone = {h for e in removed for h in e.block_hashes}
+    assert gone == set(token_hashes(old, 4)) and len(removed) == 2
+    assert len(pool.lookup(token_hashes(new, 4), 2)) == 2  # the newer one is still cached
+    assert pool.lookup(token_hashes(old, 4), 2) == []
+
+
+def test_a_held_block_is_never_evicted() -> None:
+    pool = BlockPool(4, 4)
+    pinned = pool.allocate(2)
+    pool.cache(pinned, _prompt(0, 2))
+    with pytest.raises(OutOfBlocks):
+        pool.allocate(3)
+    assert len(pool.lookup(token_hashes(_prompt(0, 2), 4), 2)) == 2
+
+
+def test_a_pull_costs_time_by_bytes_and_a_small_one_can_lose_to_computing() -> None:
+    timing = Timing()
+    assert timing.transfer(2000) - timing.transfer(1000) == pytest.approx(
+        1000 * timing.kv_bytes_per_token / timing.kv_bandwidth
+    )
+    slow_link = Timing(kv_bandwidth=1e9)
+    assert slow_link.transfer(1000) > timing.transfer(1000)
+    # A few tokens: the transfer's fixed cost exceeds computing them on P.
+    assert timing.transfer(16) > timing.prefill(16, 0) - timing.prefill_fixed
+    # Thousands of tokens of history: pulling them is far cheaper than computing them.
+    assert timing.transfer(8000) < timing.prefill(8000, 0) / 5
