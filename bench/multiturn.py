@@ -109,15 +109,17 @@ class ArmResult:
 
 
 _SOURCES = "vllm:prompt_tokens_by_source_total"
-_RELIEVED = ("carryover_handle_fates_total", {"fate": "released", "cause": "decode_pressure"})
 
 
-def _gauges(url: str, names: Sequence[str]) -> dict[str, float]:
-    found = dict.fromkeys(names, 0.0)
+def _summed(url: str, name: str, by: str | None = None, **labels: str) -> dict[str, float]:
+    """Samples ``name`` of ``url``'s /metrics whose labels include ``labels``, summed by the
+    label ``by`` (one total under "" without it)."""
+    found: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
         for sample in family.samples:
-            if sample.name in found:
-                found[sample.name] += sample.value
+            if sample.name == name and labels.items() <= sample.labels.items():
+                key = sample.labels[by] if by else ""
+                found[key] = found.get(key, 0.0) + sample.value
     return found
 
 
@@ -149,38 +151,28 @@ class DecodeSampler:
     def _sample(self) -> None:
         if not self._decodes:  # the colocated baseline
             return
-        names = ("vllm:kv_cache_usage_perc", "sim:pinned_handles")
         try:
-            read = [_gauges(d.url, names) for d in self._decodes]
+            usage = sum(
+                _summed(d.url, "vllm:kv_cache_usage_perc").get("", 0.0) for d in self._decodes
+            ) / len(self._decodes)
+            pinned = sum(_summed(d.url, "sim:pinned_handles").get("", 0.0) for d in self._decodes)
         except httpx.HTTPError:
             return
-        usage = sum(r[names[0]] for r in read) / len(read)
-        pinned = sum(r[names[1]] for r in read)
         self.samples.append((time.perf_counter() - self._started, usage, pinned))
 
 
 def relieved_handles(router_url: str) -> float:
     """Handles a carryover router gave back under decode KV pressure, by its own count."""
-    name, labels = _RELIEVED
-    total = 0.0
-    text = httpx.get(f"{router_url}/metrics", timeout=30).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    fates = _summed(
+        router_url, "carryover_handle_fates_total", fate="released", cause="decode_pressure"
+    )
+    return fates.get("", 0.0)
 
 
 def engine_prompt_sources(url: str) -> dict[str, float]:
     """One engine's prompt tokens by source: local_compute, local_cache_hit,
     external_kv_transfer."""
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name == _SOURCES:
-                source = sample.labels["source"]
-                found[source] = found.get(source, 0.0) + sample.value
-    return found
+    return _summed(url, _SOURCES, by="source")
 
 
 def prompt_sources(engines: Sequence[tuple[str, Process]]) -> dict[str, float]:

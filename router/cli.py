@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from carryover.router.config import CONFIG_ENV, ConfigError, RouterConfig
-from carryover.router.config.keys import ENV_PREFIX
+from carryover.router.config.keys import ENV_PREFIX, keys
 from carryover.router.config.load import load_config
 from carryover.router.metrics import MULTIPROC_ENV
 
@@ -32,8 +32,8 @@ def _serve(argv: Sequence[str]) -> None:
 
     config = load_config(argv)
     _preflight(config)
-    for name in _SECRET_ENV:  # read: the workers must not inherit them
-        os.environ.pop(ENV_PREFIX + name, None)
+    for name in _secret_variables():  # read: the workers must not inherit them
+        os.environ.pop(name, None)
     with _private_config(config), _worker_metrics(config.workers or 1):
         _run_uvicorn(uvicorn, config)
 
@@ -59,8 +59,11 @@ def _preflight(config: RouterConfig) -> None:
     asyncio.run(check())
 
 
-#: Variables that may hold a key or a password (files are the recommended way).
-_SECRET_ENV = ("ADMIN_KEY", "API_KEYS", "REDIS")
+def _secret_variables() -> list[str]:
+    """Variables that may hold a key or a password and that this process has read: the
+    secret keys' (config/keys.py) and the Redis URL, which may carry one. Files are the
+    recommended way; ``CARRYOVER_REDIS_PASSWORD`` stays, each worker reads it."""
+    return [k.env for k in keys() if k.flag is None] + [ENV_PREFIX + "REDIS"]
 
 
 @contextlib.contextmanager

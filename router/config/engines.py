@@ -81,15 +81,14 @@ class InstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise ConfigError(f"KV event endpoints are tcp:// or ipc:// URLs, not {endpoint!r}")
         if self.kv_events_replay is not None and self.kv_events is None:
             raise ConfigError("kv_events_replay needs kv_events")
-        templates = [e for e in (self.kv_events, self.kv_events_replay) if e and ADDRESS in e]
-        if self.discovered and (
-            self.name or len(templates) != bool(self.kv_events) + bool(self.kv_events_replay)
-        ):
+        endpoints = [e for e in (self.kv_events, self.kv_events_replay) if e is not None]
+        templated = [ADDRESS in e for e in endpoints]
+        if self.discovered and (self.name or not all(templated)):
             raise ConfigError(
                 f"{self.url}: a DNS name stands for many instances: no name, and KV event "
                 f"endpoints with {ADDRESS} for each one's address (tcp://{ADDRESS}:5557)"
             )
-        if templates and not self.discovered:
+        if any(templated) and not self.discovered:
             raise ConfigError(f"{ADDRESS} in KV event endpoints is for dns:// instances only")
 
     @property

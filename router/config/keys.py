@@ -204,9 +204,7 @@ def _instance_keys() -> list[Key]:
     for key in _walk(InstanceConfig, Scope.INSTANCE, (), "{}"):
         if key.name == "url":
             continue
-        keys.append(
-            msgspec.structs.replace(key, kind=Kind.PER_INSTANCE, type_name=f"{key.type_name}")
-        )
+        keys.append(msgspec.structs.replace(key, kind=Kind.PER_INSTANCE))
     return keys
 
 

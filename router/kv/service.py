@@ -27,8 +27,8 @@ class KvEvents:
         self.metrics = metrics
         self._context: zmq.asyncio.Context | None = None
         self.subscribers: dict[str, EventSubscriber] = {}
-        self._tasks: list[asyncio.Task[None]] = []
-        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []  # the warm tiers' health checks
+        self._runs: dict[str, asyncio.Task[None]] = {}  # each instance's subscription
         #: Each model's warm tier, by the name of every instance of the model.
         self.warm: dict[str, WarmTier] = {}
         self.warm_tiers: list[WarmTier] = []
@@ -100,9 +100,7 @@ class KvEvents:
             warm=self.warm.get(name),
         )
         self.subscribers[name] = subscriber
-        run = asyncio.create_task(self._run(subscriber))
-        self._runs[name] = run
-        self._tasks.append(run)
+        self._runs[name] = asyncio.create_task(self._run(subscriber))
 
     def watch_warm_tiers(self, http: Upstream, *, interval: float, timeout: float) -> None:
         """Keep each warm tier's ``up`` true to its health check (stopped by ``stop``)."""
@@ -128,12 +126,14 @@ class KvEvents:
                 await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._runs.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        self._runs.clear()
         if self._context is not None:
             self._context.destroy(linger=0)
             self._context = None
