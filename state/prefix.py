@@ -243,6 +243,9 @@ class Reason(StrEnum):
     #: sliding-window group keeps only its window, so cutting every group to the same number
     #: of blocks would hand P the wrong blocks. Such a handle is used whole or released.
     UNCUTTABLE_HANDLE = "uncuttable_handle"
+    #: P's own prefix cache already holds all but a few of the handle's tokens: a pull would
+    #: cost more than computing them (the router's turn costs), so the handle is given back.
+    PULL_DOES_NOT_PAY = "pull_does_not_pay"
 
 
 class PlanSettings(msgspec.Struct, frozen=True):

@@ -7,6 +7,7 @@ from carryover.router.config.engines import (
     ModelConfig,
     RenderConfig,
     TokensConfig,
+    TurnCosts,
     WarmTierConfig,
 )
 from carryover.router.config.errors import ConfigError
@@ -31,5 +32,6 @@ __all__ = [
     "TenantLimits",
     "Timeouts",
     "TokensConfig",
+    "TurnCosts",
     "WarmTierConfig",
 ]

@@ -15,6 +15,7 @@ __all__ = [
     "ModelConfig",
     "RenderConfig",
     "TokensConfig",
+    "TurnCosts",
     "WarmTierConfig",
 ]
 
@@ -220,6 +221,41 @@ class WarmTierConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("warm_tier.chunk_tokens must be positive")
 
 
+class TurnCosts(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What each source of a later turn's history costs, in computed tokens: the time P takes
+    to compute one prompt token (docs/turn-costs.md). The defaults are an 8B model on H100s
+    with NIXL between them; derive yours from P's throughput and a pull's latency."""
+
+    prefill_leg_tokens: Annotated[
+        float,
+        about(
+            "A P leg's fixed cost: P's pass, D's pull of P's blocks and a round trip "
+            "(about 8 ms at 60 us a token)."
+        ),
+    ] = 128.0
+    pull_tokens: Annotated[float, about("A pull from D's handle: its fixed cost (about 2 ms).")] = (
+        32.0
+    )
+    pulled_token: Annotated[
+        float, about("One token pulled, as a share of computing it (NIXL: about 0.05).")
+    ] = 0.05
+    decode_stall: Annotated[
+        float,
+        about(
+            "How much each stream running on D counts against a turn computed there: D's "
+            "prompt work holds up all of its decode steps (0: only this turn counts)."
+        ),
+    ] = 1.0
+
+    def __post_init__(self) -> None:
+        if min(self.prefill_leg_tokens, self.pull_tokens, self.pulled_token) < 0:
+            raise ConfigError(
+                "costs: prefill_leg_tokens, pull_tokens and pulled_token must be 0 or more"
+            )
+        if self.decode_stall < 0:
+            raise ConfigError("costs.decode_stall must be 0 or more")
+
+
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One served model and its P/D instances."""
 
@@ -277,6 +313,7 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ),
     ] = "openai"
     tokens: Annotated[TokensConfig, about("", flags="{}")] = TokensConfig()
+    costs: Annotated[TurnCosts, about("", flags="cost-{}")] = TurnCosts()
     warm_tier: Annotated[WarmTierConfig | None, about("", flags="warm-tier-{}")] = None
 
     @property

@@ -29,8 +29,9 @@ from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.api import engine_api
 from carryover.router.turn.commit import commit
+from carryover.router.turn.costs import decode_local_pays
 from carryover.router.turn.model import Prepared, Started, TurnPath, TurnRequest
-from carryover.router.turn.placement import cached_on, holding, note_choice
+from carryover.router.turn.placement import cached_on, held_on_device, holding, note_choice
 from carryover.router.turn.prefill import run_prefill
 from carryover.router.turn.services import TurnServices
 
@@ -74,14 +75,26 @@ def _decode_local(
     svc: TurnServices, req: TurnRequest, prepared: Prepared, tried: set[Instance]
 ) -> Instance | None:
     """The D to run this turn alone, if the index says it holds all of the prompt but at
-    most ``decode_local_max_tokens`` (docs/kv-events.md). D computes the rest from its own
-    prefix cache; no P leg, no pull."""
+    most ``decode_local_max_tokens`` (docs/kv-events.md), and computing the rest there costs
+    less than a P leg, D's running streams' stall counted (docs/turn-costs.md). D computes the
+    rest from its own prefix cache; no P leg, no pull."""
     limit = req.model.decode_local_max_tokens
     if limit <= 0 or svc.kv is None or not svc.kv.enabled or prepared.ids is None:
         return None
     decode = _pick_decode(svc, req, prepared, tried, set(), note=False)
     cached = cached_on(svc, prepared, decode)
-    if cached is None or cached.tokens == 0 or len(prepared.ids) - cached.tokens > limit:
+    prompt = len(prepared.ids)
+    if cached is None or cached.tokens == 0 or prompt - cached.tokens > limit:
+        return None
+    prefill_holds = max(
+        (held_on_device(svc, prepared, p) for p in svc.pool.available(req.model, "prefill")),
+        default=0,
+    )
+    handle = prepared.plan.reused_tokens if prepared.plan.attaches_handle else 0
+    running = max(decode.in_flight, decode.running)
+    if not decode_local_pays(
+        prompt, cached.tokens, running, prefill_holds, handle, req.model.costs
+    ):
         return None
     note_choice(svc, prepared, "decode", decode)
     return decode

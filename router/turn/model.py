@@ -51,6 +51,8 @@ class TurnPath(StrEnum):
     DECODE_LOCAL = "decode-local"  #: D held the prefix and the rest was short: no P leg
     #: no handle, and P loads the start of the prompt from the model's warm tier (LMCache)
     WARM = "warm"
+    #: P's own cache held all but a few of the handle's tokens: handle given back, P computed
+    PREFILL_CACHE = "prefill-cache"
 
 
 def path_of(plan_: Plan) -> TurnPath:

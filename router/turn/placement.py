@@ -10,7 +10,7 @@ from carryover.router.kv.warm import WarmOutcome, WarmTier
 from carryover.router.turn.model import Prepared, TurnPath
 from carryover.router.turn.services import TurnServices
 
-__all__ = ["cached_on", "holding", "note_choice", "note_warm", "note_warm_stored"]
+__all__ = ["cached_on", "held_on_device", "holding", "note_choice", "note_warm", "note_warm_stored"]
 
 
 def _unknown(_: Instance) -> int | None:
@@ -71,6 +71,13 @@ def holding(svc: TurnServices, prepared: Prepared, *, warm: bool = False) -> Hel
 
 def cached_on(svc: TurnServices, prepared: Prepared, instance: Instance) -> Cached | None:
     return _cached(svc, prepared, instance.name)
+
+
+def held_on_device(svc: TurnServices, prepared: Prepared, instance: Instance) -> int:
+    """Leading tokens of the prompt ``instance`` holds on its device, by the index (0 when
+    unknown): what it serves without loading anything."""
+    cached = _cached(svc, prepared, instance.name)
+    return cached.device_tokens if cached is not None else 0
 
 
 def note_choice(svc: TurnServices, prepared: Prepared, leg: str, instance: Instance) -> None:

@@ -13,10 +13,18 @@ from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.api import engine_api
 from carryover.router.turn.commit import release_replaced
+from carryover.router.turn.costs import pull_pays
 from carryover.router.turn.model import Prepared, TurnPath, TurnRequest
-from carryover.router.turn.placement import holding, note_choice, note_warm, note_warm_stored
+from carryover.router.turn.placement import (
+    cached_on,
+    held_on_device,
+    holding,
+    note_choice,
+    note_warm,
+    note_warm_stored,
+)
 from carryover.router.turn.services import TurnServices
-from carryover.state import Path, Record, StoreUnavailable
+from carryover.state import Path, Plan, Reason, Record, StoreUnavailable, release_handle
 
 __all__ = ["run_prefill"]
 
@@ -40,7 +48,9 @@ async def run_prefill(
             if instance is None:
                 return await _no_prefill(svc, req, prepared)
             note_choice(svc, prepared, "prefill", instance)
-            plan_, path_before = prepared.plan, prepared.path
+            planned, path_before = prepared.plan, prepared.path
+            _give_back_if_pull_wasted(svc, req, prepared, instance)
+            plan_ = prepared.plan
             claimed = prepared.claimed if plan_.attaches_handle else None
             kv = plan_.handle if plan_.handle is not None else {"do_remote_decode": True}
             path, body = engine_api(req.model).prefill(req, prepared, kv)
@@ -62,7 +72,7 @@ async def run_prefill(
                     svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
                     tried.add(instance)
                     if claimed is not None:
-                        prepared.unsend(plan_, path_before)
+                        prepared.unsend(planned, path_before)
                     continue
                 except UpstreamError as exc:
                     if is_client_fault(exc):
@@ -110,6 +120,26 @@ async def run_prefill(
                     note_warm_stored(svc, prepared, instance)
                 return instance, params
         return await _no_prefill(svc, req, prepared)
+
+
+def _give_back_if_pull_wasted(
+    svc: TurnServices, req: TurnRequest, prepared: Prepared, instance: Instance
+) -> None:
+    """Where the chosen P's own cache holds all but a few of the handle's tokens (the index
+    says), a pull costs more than computing them: the handle goes to P with
+    ``remote_num_tokens`` 0, so D frees its blocks and P computes (docs/turn-costs.md)."""
+    plan_ = prepared.plan
+    if plan_.path not in (Path.REUSE, Path.PARTIAL) or plan_.handle is None:
+        return
+    if cached_on(svc, prepared, instance) is None:  # nothing known of P: the handle goes
+        return
+    own = held_on_device(svc, prepared, instance)
+    if pull_pays(own, plan_.reused_tokens, req.model.costs):
+        return
+    prepared.plan = Plan(
+        Path.RELEASE, Reason.PULL_DOES_NOT_PAY, release_handle(plan_.handle), 0, plan_.common
+    )
+    prepared.path = TurnPath.PREFILL_CACHE
 
 
 def _ran(answer: dict[str, Any]) -> list[int] | None:

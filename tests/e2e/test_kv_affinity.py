@@ -115,3 +115,61 @@ async def test_a_short_turn_on_the_decode_that_holds_its_history_skips_p(tmp_pat
             lambda held: not set(held_before) & set(held),
             what="turn 1's pin is released",
         )
+
+
+async def test_a_handle_that_adds_a_few_tokens_to_ps_own_cache_is_given_back(
+    tmp_path: Path,
+) -> None:
+    """A pull has a fixed cost; a handle that saves only the last answer's few tokens over
+    what P's own cache holds is given back (D frees its blocks) and P computes them."""
+    async with stack(
+        tmp_path,
+        sim={"kv_events": True, "threshold": 1},
+        router_flags=("--expose-path-header",),
+    ) as s:
+        (p,), (d,) = s.prefill, s.decode
+        conversation = uuid.uuid4().hex
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Only say yes."},
+        ]
+        got = await chat_turn(
+            s.client, s.router.url, messages, conversation_id=conversation, max_tokens=4
+        )
+        assert got.status == 200 and got.path == "cold-miss", got.raw
+        messages += [
+            {"role": "assistant", "content": got.content},
+            {"role": "user", "content": "Again."},
+        ]
+        await eventually(
+            lambda: index_blocks(s),
+            lambda blocks: blocks[name_of(p)] >= len(SYSTEM) // 8 // 16,
+            what="the index holds P's blocks of the first turn",
+        )
+        held_before = await held_by(s)
+        assert held_before  # D pins turn 1 for the next turn
+        p_before = await ascrape(s.client, p.url)
+        released_before = (await ascrape(s.client, s.router.url)).get(
+            "carryover_handles_released_total{cause=pull_does_not_pay}", 0.0
+        )
+        got = await chat_turn(
+            s.client, s.router.url, messages, conversation_id=conversation, max_tokens=4
+        )
+        assert got.status == 200 and got.path == "prefill-cache", got.raw
+        assert got.content == (await reference_chat(s, messages, max_tokens=4)).content
+        p_after = await ascrape(s.client, p.url)
+        pulled = "vllm:prompt_tokens_by_source_total{source=external_kv_transfer}"
+        computed = "vllm:prompt_tokens_by_source_total{source=local_compute}"
+        # P pulled nothing (its sim pulls anything of 1 token or more when asked) and computed
+        # only what its own cache lacked: turn 1's answer and the new message.
+        assert p_after.get(pulled, 0.0) == p_before.get(pulled, 0.0)
+        assert 0 < p_after[computed] - p_before[computed] < 40
+        router = await ascrape(s.client, s.router.url)
+        assert router["carryover_handles_released_total{cause=pull_does_not_pay}"] == (
+            released_before + 1
+        )
+        await eventually(
+            lambda: held_by(s),
+            lambda held: not set(held_before) & set(held),
+            what="turn 1's pin is freed",
+        )
