@@ -216,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument("--turns", type=int, help="default: the preset's")
     f.add_argument("--rate", type=float, help="new conversations per simulated second")
     f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--slo", default="ttft=2000ms,itl=50ms")
+    f.add_argument(
+        "--slo", default="ttft=1000ms,itl=100ms", help="in simulated time (scaled like the rest)"
+    )
     f.add_argument("--out", type=Path, default=Path("results/fleet"))
     f.set_defaults(func=_fleet)
     o = sub.add_parser("overhead", help="router cost per turn against direct engine calls")

@@ -24,6 +24,7 @@ __all__ = ["ARMS", "PRESETS", "Preset", "run_fleet"]
 #: Every arm of a fleet run, in the order they run.
 ARMS = (
     "carryover",
+    "carryover-always-pull",  # the turn-cost rule off: the handle always goes to P
     "carryover-no-index",
     "carryover-decode-local",
     "carryover-warm",
@@ -38,6 +39,7 @@ class Preset(msgspec.Struct, frozen=True):
     about: str
     conversations: int
     turns: int
+    max_turns: int
     system_tokens: Distribution
     user_tokens: Distribution
     think_ms: Distribution
@@ -46,13 +48,17 @@ class Preset(msgspec.Struct, frozen=True):
     rate: float
     num_blocks: int  # KV capacity of each instance, in blocks of 16 tokens
     decode_ttl: float = 480.0  # D's decoder_kv_blocks_ttl, seconds
+    tool_results: bool = False
+    stream: bool = True
+    max_model_len: int = 32768
 
 
 CHAT = Preset(
     about="chat: long shared system prompts, log-normal think times with a tail past "
     "D's TTL, a quarter on a reasoning template whose thinking later turns strip",
     conversations=500,
-    turns=10,
+    turns=8,
+    max_turns=20,
     system_tokens=Distribution("constant", 1000),
     user_tokens=Distribution("lognormal", 150, sigma=0.6),
     # A median of 20 s, one in twenty past D's 480 s, none past 720 s.
@@ -67,10 +73,12 @@ CHAT = Preset(
 PRESETS: dict[str, Preset] = {
     "chat": CHAT,
     "agent": Preset(
-        about="agent: concurrent sessions of many turns, tool results of 50-2,000 tokens, "
-        "gaps of 0.2-5 s, contexts growing past 30k tokens",
+        about="agent: concurrent sessions of 30-36 turns answered whole, each after the "
+        "first a tool's result of 50-2,000 tokens (role tool), gaps of 0.2-5 s, contexts "
+        "growing past 30k tokens",
         conversations=64,
         turns=30,
+        max_turns=36,
         system_tokens=Distribution("constant", 2000),
         user_tokens=Distribution("uniform", low=50, high=2000),
         think_ms=Distribution("uniform", low=200, high=5000),
@@ -78,6 +86,9 @@ PRESETS: dict[str, Preset] = {
         arrival="closed",
         rate=64.0,
         num_blocks=65536,
+        tool_results=True,
+        stream=False,
+        max_model_len=131072,
     ),
     "pressure": msgspec.structs.replace(
         CHAT,
@@ -118,6 +129,7 @@ def run_fleet(
     spec = WorkloadSpec(
         conversations=conversations or preset.conversations,
         turns=turns or preset.turns,
+        max_turns=0 if turns else preset.max_turns,
         system_tokens=preset.system_tokens,
         user_tokens=preset.user_tokens,
         output_tokens=Distribution("constant", answer_tokens),
@@ -128,6 +140,8 @@ def run_fleet(
         rate=(rate or preset.rate) / time_scale if time_scale > 0 else 1e9,
         seed=seed,
         shared_system=True,
+        tool_results=preset.tool_results,
+        stream=preset.stream,
     )
     blocks = num_blocks or preset.num_blocks
     meta = {
@@ -135,18 +149,24 @@ def run_fleet(
         "about": preset.about,
         "answer_tokens": answer_tokens,
         "fleet": f"{prefills} P + {decodes} D, {blocks} KV blocks each",
-        "time_scale": f"{time_scale} (engine timing, think times, D's TTL, arrival gaps)",
+        "time_scale": f"{time_scale} (engine timing, think times, D's TTL, arrival gaps, "
+        f"the SLO {slo.describe()})",
         "spec": msgspec.json.encode(spec).decode(),
     }
     return run_arms(
         generate(spec),
         arms,
         out=out,
-        slo=slo,
+        slo=slo.scaled(time_scale) if time_scale > 0 else slo,
         prefills=prefills,
         decodes=decodes,
         speed=time_scale,
-        sim_flags=["--sim-num-blocks", str(blocks)],
+        sim_flags=[
+            "--sim-num-blocks",
+            str(blocks),
+            "--max-model-len",
+            str(preset.max_model_len),
+        ],
         progress=progress,
         meta=meta,
         decode_ttl=preset.decode_ttl * time_scale,

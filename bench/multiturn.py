@@ -24,6 +24,8 @@ __all__ = ["ARMS", "ArmResult", "run_arms"]
 #: Router flags per arm; ``None`` is the colocated baseline (one engine, both phases, no router).
 ARMS: dict[str, list[str] | None] = {
     "carryover": [],
+    # The turn-cost rule off (docs/turn-costs.md): a pull is free, so the handle always goes.
+    "carryover-always-pull": ["--cost-pull-tokens", "0", "--cost-pulled-token", "0"],
     "carryover-no-reuse": ["--no-reuse"],
     "carryover-unchecked": ["--planner", "carryover.bench.unchecked:plan_unchecked"],
     # The same router, its engines without KV events: routed by load and last-turn affinity.
@@ -46,6 +48,7 @@ TOKENS = frozenset({"carryover-tokens"})
 INDEXED = frozenset(
     {
         "carryover",
+        "carryover-always-pull",
         "carryover-unchecked",
         "carryover-decode-local",
         "carryover-tokens-per-load",
@@ -104,7 +107,7 @@ class ArmResult:
     # is what D pulled from P): the engines' own counters, not the router's view.
     sources: dict[str, float]
     command: str = ""  # the router's command line ("" for the colocated baseline)
-    decode_kv: list[tuple[float, float, float]] = field(default_factory=list)
+    decode_kv: list[tuple[float, float, float, float]] = field(default_factory=list)
     relieved: float | None = None  # handles carryover gave back under KV pressure
 
 
@@ -128,7 +131,8 @@ class DecodeSampler:
     handles they pin, read from their own /metrics, for as long as an arm runs."""
 
     def __init__(self, decodes: Sequence[Process], interval: float = 1.0) -> None:
-        self.samples: list[tuple[float, float, float]] = []  # (seconds, mean use, pinned)
+        # (seconds, mean use, pinned handles, mean share held by pins)
+        self.samples: list[tuple[float, float, float, float]] = []
         self._decodes, self._interval = list(decodes), interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -156,9 +160,12 @@ class DecodeSampler:
                 _summed(d.url, "vllm:kv_cache_usage_perc").get("", 0.0) for d in self._decodes
             ) / len(self._decodes)
             pinned = sum(_summed(d.url, "sim:pinned_handles").get("", 0.0) for d in self._decodes)
+            pinned_usage = sum(
+                _summed(d.url, "sim:pinned_kv_usage_perc").get("", 0.0) for d in self._decodes
+            ) / len(self._decodes)
         except httpx.HTTPError:
             return
-        self.samples.append((time.perf_counter() - self._started, usage, pinned))
+        self.samples.append((time.perf_counter() - self._started, usage, pinned, pinned_usage))
 
 
 def relieved_handles(router_url: str) -> float:
@@ -333,11 +340,13 @@ def run_arms(
         walls[arm] = result.wall
         sources[arm] = result.sources
         commands[arm] = result.command
-        usage = [u for _, u, _ in result.decode_kv]
+        usage = [u for _, u, _, _ in result.decode_kv]
+        pinned_usage = [u for _, _, _, u in result.decode_kv]
         decode_kv[arm] = {
             "kv_usage_mean": sum(usage) / len(usage) if usage else None,
             "kv_usage_peak": max(usage, default=None),
-            "pinned_handles_peak": max((p for _, _, p in result.decode_kv), default=None),
+            "pinned_usage_peak": max(pinned_usage, default=None),
+            "pinned_handles_peak": max((p for _, _, p, _ in result.decode_kv), default=None),
             "relieved_handles": result.relieved,
             "samples": result.decode_kv,
         }

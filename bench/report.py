@@ -51,6 +51,13 @@ class Slo:
                 raise ValueError(f"unknown SLO {name!r}")
         return slo
 
+    def scaled(self, factor: float) -> Slo:
+        """The same SLO on a clock running ``factor`` times as fast (bench fleet's time scale)."""
+        return Slo(
+            self.ttft * factor if self.ttft is not None else None,
+            self.itl * factor if self.itl is not None else None,
+        )
+
     def met(self, record: TurnRecord) -> bool:
         if record.status != 200 or record.error is not None or record.ttft is None:
             return False
@@ -65,6 +72,21 @@ class Slo:
         if self.itl is not None:
             parts.append(f"p99 ITL ≤ {self.itl * 1000:g} ms")
         return ", ".join(parts) or "none"
+
+
+#: Turns from this one on are "later turns" (the goals compare them).
+LATER_TURN = 5
+#: Turn ranges of the bucketed table: (label, first, last).
+TURN_BUCKETS = (
+    ("1", 1, 1),
+    ("2-4", 2, 4),
+    ("5-8", 5, 8),
+    ("9-16", 9, 16),
+    ("17-32", 17, 32),
+    ("33+", 33, 1 << 30),
+)
+#: Workloads with more turns than this get the bucketed table instead of one row a turn.
+_ROWS_PER_TURN_UP_TO = 12
 
 
 def build_report(
@@ -101,6 +123,11 @@ def build_report(
             }
             for t, v in sorted(turns.items())
         }
+        later = [x for t, v in turns.items() if t >= LATER_TURN for x in v]
+        buckets = {
+            label: [x for t, v in turns.items() if low <= t <= high for x in v]
+            for label, low, high in TURN_BUCKETS
+        }
         itl = [x for r in ok for x in r.itl]
         last = max(turns) if turns else None
         first = per_turn.get(1, {}).get("ttft_p50_ms")
@@ -123,6 +150,17 @@ def build_report(
         good = sum(1 for r in rows if slo.met(r))
         arms[arm] = {
             "turns": per_turn,
+            "buckets": {
+                label: {
+                    "n": len(v),
+                    "ttft_p50_ms": percentile(v, 50) * 1000,
+                    "ttft_p99_ms": percentile(v, 99) * 1000,
+                }
+                for label, v in buckets.items()
+                if v
+            },
+            "later_ttft_p50_ms": percentile(later, 50) * 1000 if later else None,
+            "later_ttft_p99_ms": percentile(later, 99) * 1000 if later else None,
             "ratio_turn5_turn1": ratio(5),
             "ratio_last_turn1": ratio(last),
             "last_turn": last,
@@ -157,6 +195,10 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.0f}%"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     arms = report["arms"]
     names = list(arms)
@@ -165,25 +207,35 @@ def render_markdown(report: dict[str, Any]) -> str:
     meta = report.get("meta") or {}
     if meta:
         lines += [", ".join(f"{k}: {v}" for k, v in meta.items()), ""]
-    lines += ["## TTFT p50 / p99 by turn (ms)", ""]
+    by_bucket = len(all_turns) > _ROWS_PER_TURN_UP_TO
+    rows: list[tuple[str, str]] = (
+        [(label, "buckets") for label, _, _ in TURN_BUCKETS]
+        if by_bucket
+        else [(str(t), "turns") for t in all_turns]
+    )
+    lines += [f"## TTFT p50 / p99 by turn{' range' if by_bucket else ''} (ms)", ""]
     lines.append("| turn | " + " | ".join(names) + " |")
     lines.append("|---|" + "---|" * len(names))
-    for t in all_turns:
+    for label, table in rows:
         cells = []
         for name in names:
-            row = arms[name]["turns"].get(t) or arms[name]["turns"].get(str(t))
+            found = arms[name].get(table) or {}
+            row = found.get(label) or (found.get(int(label)) if label.isdigit() else None)
             cells.append(f"{row['ttft_p50_ms']:.0f} / {row['ttft_p99_ms']:.0f}" if row else "-")
-        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "## Summary", ""]
     lines.append(
-        "| arm | turn-5/turn-1 | turn-T/turn-1 | ITL p50 / p99 (ms) | goodput | failed | wrong answers | paths |"
+        f"| arm | turns ≥ {LATER_TURN} p50 / p99 (ms) | turn-5/turn-1 | turn-T/turn-1 "
+        "| ITL p50 / p99 (ms) | goodput | failed | wrong answers | paths |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         a = arms[name]
         paths = ", ".join(f"{k} {v}" for k, v in sorted(a["paths"].items()))
         lines.append(
-            f"| {name} | {_fmt(a['ratio_turn5_turn1'], 2)} | {_fmt(a['ratio_last_turn1'], 2)} "
+            f"| {name} | {_fmt(a.get('later_ttft_p50_ms'), 0)} / {_fmt(a.get('later_ttft_p99_ms'), 0)} "
+            f"| {_fmt(a['ratio_turn5_turn1'], 2)} | {_fmt(a['ratio_last_turn1'], 2)} "
             f"| {_fmt(a['itl_p50_ms'])} / {_fmt(a['itl_p99_ms'])} | {a['goodput_share'] * 100:.0f}% "
             f"| {a['failed']}/{a['requests']} | {_fmt(a['answers_differing_from_baseline'])} | {paths} |"
         )
@@ -202,14 +254,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
         ]
         lines += [
-            "| arm | KV use mean | KV use peak | pinned handles peak | given back under pressure |"
+            "| arm | KV use mean | KV use peak | held by pins, peak | pinned handles peak "
+            "| given back under pressure |"
         ]
-        lines.append("|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|")
         for arm, kv in decode_kv.items():
-            mean, peak = kv["kv_usage_mean"], kv["kv_usage_peak"]
             lines.append(
-                f"| {arm} | {_fmt(mean * 100 if mean is not None else None, 0)}% "
-                f"| {_fmt(peak * 100 if peak is not None else None, 0)}% "
+                f"| {arm} | {_percent(kv['kv_usage_mean'])} | {_percent(kv['kv_usage_peak'])} "
+                f"| {_percent(kv.get('pinned_usage_peak'))} "
                 f"| {_fmt(kv['pinned_handles_peak'], 0)} | {_fmt(kv['relieved_handles'], 0)} |"
             )
     commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
@@ -257,20 +309,42 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    decode_kv = {arm: kv.get("samples") for arm, kv in (report.get("decode_kv") or {}).items()}
+    with_kv = any(decode_kv.values())
+    fig, axes = plt.subplots(
+        1, 2 if with_kv else 1, figsize=(14 if with_kv else 8, 4.5), dpi=120, squeeze=False
+    )
+    ax = axes[0][0]
     for name, arm in report["arms"].items():
         turns = sorted(int(t) for t in arm["turns"])
         values = [(arm["turns"].get(t) or arm["turns"][str(t)])["ttft_p50_ms"] for t in turns]
-        ax.plot(turns, values, marker="o", label=name)
-    from matplotlib.ticker import MaxNLocator
-
+        ax.plot(turns, values, marker="o" if len(turns) <= 20 else None, label=name)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT p50 (ms)")
     ax.set_title("Time to first token by turn")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
+    if with_kv:
+        kv_ax = axes[0][1]
+        for name, samples in decode_kv.items():
+            if samples:
+                (line,) = kv_ax.plot(
+                    [s[0] for s in samples], [s[1] * 100 for s in samples], label=name
+                )
+                kv_ax.plot(
+                    [s[0] for s in samples],
+                    [s[3] * 100 for s in samples],
+                    linestyle=":",
+                    color=line.get_color(),
+                )
+        kv_ax.set_xlabel("seconds into the arm")
+        kv_ax.set_ylabel("decoders' KV use, mean (%): all (solid), pins (dotted)")
+        kv_ax.set_title("Decoders' KV over the run (pins included)")
+        kv_ax.grid(alpha=0.3)
+        kv_ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -66,9 +66,10 @@ async def one_turn(
         "max_tokens": conversation.output_tokens[turn],
         "ignore_eos": True,
         "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": conversation.stream,
     }
+    if conversation.stream:
+        body["stream_options"] = {"include_usage": True}
     if conversation.thinking:
         body["chat_template_kwargs"] = {"enable_thinking": True}
     if send_conversation_id:
@@ -79,6 +80,10 @@ async def one_turn(
     try:
         # What session-affine routers key on (vLLM Router's consistent_hash reads X-Session-ID).
         headers = {"X-Session-ID": conversation.id} if session_header else None
+        if not conversation.stream:
+            await _whole(client, f"{url}/v1/chat/completions", body, headers, record)
+            record.e2e = time.perf_counter() - started
+            return record
         async with client.stream(
             "POST", f"{url}/v1/chat/completions", json=body, headers=headers
         ) as response:
@@ -113,6 +118,31 @@ async def one_turn(
     return record
 
 
+async def _whole(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str] | None,
+    record: TurnRecord,
+) -> None:
+    """A turn answered whole: its time to first token is the time to the whole answer."""
+    started = time.perf_counter()
+    try:
+        response = await client.post(url, json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        return
+    record.status = response.status_code
+    record.path = response.headers.get("x-carryover-path")
+    if response.status_code != 200:
+        record.error = response.text[:300]
+        return
+    answer = _decode.decode(response.content)
+    record.ttft = time.perf_counter() - started
+    record.answer = answer["choices"][0]["message"].get("content") or ""
+    record.prompt_tokens = (answer.get("usage") or {}).get("prompt_tokens")
+
+
 async def run_arm(
     arm: str,
     url: str,
@@ -145,7 +175,8 @@ async def run_arm(
                         "role": "user",
                         "content": "(edited) " + messages[position]["content"],
                     }
-                messages.append({"role": "user", "content": text})
+                role = "tool" if conversation.tool_results and turn > 0 else "user"
+                messages.append({"role": role, "content": text})
                 record = await one_turn(
                     client,
                     url,

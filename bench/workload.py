@@ -107,6 +107,7 @@ class Distribution(msgspec.Struct, frozen=True):
 class WorkloadSpec(msgspec.Struct, frozen=True):
     conversations: int = 16
     turns: int = 5
+    max_turns: int = 0  # above ``turns``: each conversation has turns..max_turns, uniformly
     system_tokens: Distribution = Distribution("constant", 200)
     user_tokens: Distribution = Distribution("constant", 500)
     output_tokens: Distribution = Distribution("constant", 200)
@@ -119,6 +120,10 @@ class WorkloadSpec(msgspec.Struct, frozen=True):
     # Every conversation opens with the same system prompt (a tool list, say), as many
     # conversations of one application do.
     shared_system: bool = False
+    # Agent loops: every message after the first is a tool's result (role "tool"), and turns
+    # are answered whole (not streamed).
+    tool_results: bool = False
+    stream: bool = True
 
 
 @dataclass
@@ -131,6 +136,8 @@ class Conversation:
     thinking: bool = False
     edits: dict[int, int] = field(default_factory=dict)  # turn -> earlier user message to rewrite
     start_after: float = 0.0
+    tool_results: bool = False  # messages after the first are tools' results (role "tool")
+    stream: bool = True
 
 
 def filler(rng: random.Random, tokens: int) -> str:
@@ -150,18 +157,22 @@ def generate(spec: WorkloadSpec) -> list[Conversation]:
     for index in range(spec.conversations):
         system_len = spec.system_tokens.sample(rng)
         own = filler(rng, system_len) if system_len > 1 else None
+        turns = spec.turns
+        if spec.max_turns > spec.turns:  # drawn only then: as above
+            turns = rng.randint(spec.turns, spec.max_turns)
         conversation = Conversation(
             id=f"conv-{spec.seed}-{index}",
             system=shared if spec.shared_system else own,
             users=[
-                f"[{index}.{t}] " + filler(rng, spec.user_tokens.sample(rng))
-                for t in range(spec.turns)
+                f"[{index}.{t}] " + filler(rng, spec.user_tokens.sample(rng)) for t in range(turns)
             ],
-            output_tokens=[spec.output_tokens.sample(rng) for _ in range(spec.turns)],
-            think_ms=[spec.think_time.sample(rng, minimum=0) for _ in range(spec.turns)],
+            output_tokens=[spec.output_tokens.sample(rng) for _ in range(turns)],
+            think_ms=[spec.think_time.sample(rng, minimum=0) for _ in range(turns)],
             thinking=rng.random() < spec.reasoning_share,
+            tool_results=spec.tool_results,
+            stream=spec.stream,
         )
-        for turn in range(1, spec.turns):
+        for turn in range(1, turns):
             if rng.random() < spec.edit_probability:
                 conversation.edits[turn] = rng.randrange(turn)
         if spec.arrival == "poisson":

@@ -143,11 +143,13 @@ class SimEngine(NixlTransfer):
         return list(self._holds)
 
     def refresh_gauges(self) -> None:
+        pins = [h for h in self._holds.values() if h.pinned]
         self.metrics.set_gauges(
             running=len(self._running),
             waiting=len(self._waiting),
             usage=self.pool.usage(),
-            pinned=sum(1 for h in self._holds.values() if h.pinned),
+            pinned=len(pins),
+            pinned_usage=sum(len(h.blocks) for h in pins) / self.config.num_blocks,
         )
 
     # -- the request path --------------------------------------------------------------------

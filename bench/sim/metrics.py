@@ -38,6 +38,10 @@ class EngineMetrics:
         self._pinned = gauge(
             "sim:pinned_handles", "Finished turns whose blocks D holds for a later turn (sim only)."
         )
+        self._pinned_usage = gauge(
+            "sim:pinned_kv_usage_perc",
+            "Share of the KV cache held by pinned turns (1 = 100%, sim only).",
+        )
         self._queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
         self._hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
         self._by_source = counter(
@@ -67,11 +71,14 @@ class EngineMetrics:
     def restarted(self) -> None:
         self._start.set(time.time())
 
-    def set_gauges(self, *, running: int, waiting: int, usage: float, pinned: int) -> None:
+    def set_gauges(
+        self, *, running: int, waiting: int, usage: float, pinned: int, pinned_usage: float
+    ) -> None:
         self._running.labels(**self._labels).set(running)
         self._waiting.labels(**self._labels).set(waiting)
         self._usage.labels(**self._labels).set(usage)
         self._pinned.labels(**self._labels).set(pinned)
+        self._pinned_usage.labels(**self._labels).set(pinned_usage)
 
     def queries(self, tokens: int, hits: int) -> None:
         self._queries.labels(**self._labels).inc(tokens)

@@ -11,6 +11,7 @@ import pytest
 from carryover.bench.fleet import ARMS, PRESETS, run_fleet
 from carryover.bench.multiturn import arm_flags
 from carryover.bench.report import Slo
+from carryover.bench.workload import WorkloadSpec, generate
 
 
 def test_every_fleet_arm_is_known_and_every_preset_scales() -> None:
@@ -20,6 +21,14 @@ def test_every_fleet_arm_is_known_and_every_preset_scales() -> None:
         arm_flags("vllm-router:least_busy")
     assert set(PRESETS) == {"chat", "agent", "pressure"}
     assert PRESETS["pressure"].num_blocks < PRESETS["chat"].num_blocks
+
+
+def test_conversations_have_turns_in_their_range_and_agents_send_tool_results() -> None:
+    chat = generate(WorkloadSpec(conversations=200, turns=8, max_turns=20, seed=3))
+    lengths = {len(c.users) for c in chat}
+    assert min(lengths) == 8 and max(lengths) == 20
+    agent = generate(WorkloadSpec(conversations=2, turns=3, tool_results=True, stream=False))
+    assert all(c.tool_results and not c.stream for c in agent)
 
 
 def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path: Path) -> None:
@@ -51,12 +60,35 @@ def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path
     p_side = sum(v for k, v in proxy.items() if k.startswith("prefill/"))
     told = arms["carryover-no-reuse"]["client_prompt_tokens_per_turn"]
     assert p_side == pytest.approx(told + 1)
-    assert (
-        arms["carryover"]["paths"].get("reuse", 0) + arms["carryover"]["paths"].get("partial", 0)
-        > 0
-    )
+    assert _used_the_conversation(arms["carryover"]["paths"])
     assert "carryover-no-reuse" in report["commands"]
     # D's own gauges, sampled through the run: carryover's pins show; nothing was under
     # pressure on a fleet this empty, so nothing was given back.
     kv = report["decode_kv"]["carryover"]
     assert kv["samples"] and kv["pinned_handles_peak"] >= 1 and kv["relieved_handles"] == 0
+
+
+def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> None:
+    report = run_fleet(
+        "agent",
+        answer_tokens=16,
+        arms=["carryover", "carryover-no-reuse"],
+        out=tmp_path,
+        slo=Slo.parse("ttft=5000ms"),
+        prefills=1,
+        decodes=1,
+        time_scale=0.0,
+        conversations=2,
+        turns=3,
+    )
+    for name, arm in report["arms"].items():
+        assert arm["requests"] == 6 and arm["failed"] == 0, (name, arm)
+        assert arm["itl_p50_ms"] is None  # answered whole: nothing streamed
+    assert report["arms"]["carryover"]["answers_differing_from_baseline"] == 0
+    assert _used_the_conversation(report["arms"]["carryover"]["paths"])
+
+
+def _used_the_conversation(paths: dict[str, int]) -> bool:
+    """Later turns found the stored handle: pulled it, or gave it back where P's own cache
+    held all but the last short answer (docs/turn-costs.md)."""
+    return sum(paths.get(p, 0) for p in ("reuse", "partial", "prefill-cache")) > 0

@@ -127,7 +127,7 @@ async def test_a_handle_that_adds_a_few_tokens_to_ps_own_cache_is_given_back(
         sim={"kv_events": True, "threshold": 1},
         router_flags=("--expose-path-header",),
     ) as s:
-        (p,), (d,) = s.prefill, s.decode
+        (p,) = s.prefill
         conversation = uuid.uuid4().hex
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM},
