@@ -73,6 +73,7 @@ def _fleet(args: argparse.Namespace) -> None:
         rate=args.rate,
         num_blocks=args.num_blocks,
         seed=args.seed,
+        stream_interval=args.stream_interval,
         progress=sys.stderr.isatty(),
     )
     print(render_markdown(report))
@@ -217,7 +218,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument("--rate", type=float, help="new conversations per simulated second")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument(
-        "--slo", default="ttft=1000ms,itl=100ms", help="in simulated time (scaled like the rest)"
+        "--stream-interval",
+        type=int,
+        default=10,
+        help="the engines' --stream-interval (vLLM's): tokens per streamed chunk after the first",
+    )
+    f.add_argument(
+        "--slo",
+        default="ttft=1000ms,itl=250ms",
+        help="in simulated time (scaled like the rest); ITL is per streamed chunk",
     )
     f.add_argument("--out", type=Path, default=Path("results/fleet"))
     f.set_defaults(func=_fleet)

@@ -123,6 +123,7 @@ def run_fleet(
     rate: float | None = None,
     num_blocks: int | None = None,
     seed: int = 0,
+    stream_interval: int = 10,
     progress: bool = False,
 ) -> dict[str, Any]:
     preset = PRESETS[workload]
@@ -148,7 +149,8 @@ def run_fleet(
         "workload": workload,
         "about": preset.about,
         "answer_tokens": answer_tokens,
-        "fleet": f"{prefills} P + {decodes} D, {blocks} KV blocks each",
+        "fleet": f"{prefills} P + {decodes} D, {blocks} KV blocks each, "
+        f"--stream-interval {stream_interval}",
         "time_scale": f"{time_scale} (engine timing, think times, D's TTL, arrival gaps, "
         f"the SLO {slo.describe()})",
         "spec": msgspec.json.encode(spec).decode(),
@@ -166,6 +168,8 @@ def run_fleet(
             str(blocks),
             "--max-model-len",
             str(preset.max_model_len),
+            "--stream-interval",
+            str(stream_interval),
         ],
         progress=progress,
         meta=meta,

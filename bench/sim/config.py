@@ -52,6 +52,9 @@ class SimConfig(msgspec.Struct, kw_only=True):
     num_blocks: int = 32768
     max_num_seqs: int = 256
     max_model_len: int = 32768
+    # vLLM's --stream-interval: a stream sends its first token at once, then every this many
+    # tokens and at the end (vllm/v1/engine/output_processor.py).
+    stream_interval: int = 1
     enable_prefix_caching: bool = True
     kv_transfer: KVTransferConfig | None = None
     kv_events: KVEventsSettings | None = None  # None: no events (vLLM's default)
@@ -106,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--stream-interval", type=int, default=1)
     p.add_argument("--enable-prefix-caching", dest="prefix_caching", action="store_true")
     p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false")
     p.set_defaults(prefix_caching=True)
@@ -148,6 +152,7 @@ def parse_sim_args(argv: Sequence[str], environ: dict[str, str] | None = None) -
         num_blocks=args.sim_num_blocks,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
+        stream_interval=max(1, args.stream_interval),
         enable_prefix_caching=args.prefix_caching,
         kv_transfer=kv,
         kv_events=events,

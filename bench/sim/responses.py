@@ -100,9 +100,13 @@ async def streamed_answer(
     include_usage: bool,
     streams_handles: bool,
     drop_after: Callable[[], int | None],
+    interval: int = 1,
 ) -> web.StreamResponse:
     """The request's answer as server-sent events, as vLLM's OpenAI server streams it;
-    ``drop_after()`` (a fault) cuts the connection after that many chunks."""
+    ``drop_after()`` (a fault) cuts the connection after that many chunks. ``interval``
+    (vLLM's --stream-interval): the first token goes at once, then a chunk every
+    ``interval`` tokens (a switch between reasoning and content closes a chunk early) and
+    whatever is left at the end."""
     events = engine.generate(gen)
     # Errors before the first token are plain HTTP errors, as in vLLM.
     try:
@@ -142,45 +146,58 @@ async def streamed_answer(
         async for event in events:
             yield event
 
+    # Tokens not sent yet: their ids, and their text by field (chat: content or reasoning).
+    held_ids: list[int] = []
+    held_text = ""
+    held_field = "content"
+    chunks_sent = 0
+
+    async def flush() -> None:
+        nonlocal held_ids, held_text, sent_prompt_ids, chunks_sent
+        if not held_ids:
+            return
+        choice: dict[str, Any]
+        if chat:
+            choice = {
+                "index": 0,
+                "delta": {held_field: held_text},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        else:
+            choice = {"index": 0, "text": held_text, "logprobs": None, "finish_reason": None}
+            if meta["return_token_ids"] and not sent_prompt_ids:
+                choice["prompt_token_ids"] = gen.prompt
+                sent_prompt_ids = True
+        if meta["return_token_ids"]:
+            choice["token_ids"] = held_ids
+        held_ids, held_text, chunks_sent = [], "", chunks_sent + 1
+        await send({**base, "choices": [choice]})
+
     async with sender.ending(events):
         async for event in all_events():
             if isinstance(event, Token):
                 ids.append(event.token_id)
                 text += event.text
-                delta: dict[str, Any]
-                if chat:
-                    piece = event.text
-                    field = "content"
-                    if gen.thinking:
-                        if piece == "<think>":
-                            in_reasoning, piece = True, ""
-                        elif piece == "</think>":
-                            in_reasoning, piece = False, ""
-                        elif in_reasoning:
-                            field = "reasoning_content"
-                        elif "</think>" in text and not text.split("</think>", 1)[1].strip("\n"):
-                            piece = ""  # the newlines right after </think>
-                    delta = {field: piece}
-                    choice: dict[str, Any] = {
-                        "index": 0,
-                        "delta": delta,
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                else:
-                    choice = {
-                        "index": 0,
-                        "text": event.text,
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    if meta["return_token_ids"] and not sent_prompt_ids:
-                        choice["prompt_token_ids"] = gen.prompt
-                        sent_prompt_ids = True
-                if meta["return_token_ids"]:
-                    choice["token_ids"] = [event.token_id]
-                await send({**base, "choices": [choice]})
+                piece, field = event.text, "content"
+                if chat and gen.thinking:
+                    if piece == "<think>":
+                        in_reasoning, piece = True, ""
+                    elif piece == "</think>":
+                        in_reasoning, piece = False, ""
+                    elif in_reasoning:
+                        field = "reasoning_content"
+                    elif "</think>" in text and not text.split("</think>", 1)[1].strip("\n"):
+                        piece = ""  # the newlines right after </think>
+                if held_ids and field != held_field:
+                    await flush()
+                held_ids.append(event.token_id)
+                held_text += piece
+                held_field = field
+                if chunks_sent == 0 or len(held_ids) >= interval:
+                    await flush()
             else:
+                await flush()
                 end: dict[str, Any] = {
                     "index": 0,
                     "finish_reason": event.reason,

@@ -267,6 +267,7 @@ class SimServer:
                 include_usage=include_usage,
                 streams_handles=self.config.streams_handles,
                 drop_after=lambda: self.faults.drop_stream_after,
+                interval=self.config.stream_interval,
             )
         return await whole_answer(self.engine, gen, meta)
 
