@@ -68,6 +68,7 @@ def _fleet(args: argparse.Namespace) -> None:
         prefills=args.prefills,
         decodes=args.decodes,
         time_scale=args.time_scale,
+        engine_speed=args.engine_speed,
         conversations=args.conversations,
         turns=args.turns,
         rate=args.rate,
@@ -210,8 +211,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     f.add_argument(
         "--time-scale",
         type=float,
-        default=0.05,
-        help="engine timing, think times, D's TTL and arrival gaps times this",
+        default=0.02,
+        help="think times, arrival gaps and D's TTL times this",
+    )
+    f.add_argument(
+        "--engine-speed",
+        type=float,
+        default=0.2,
+        help="the engines' simulated timing (and the SLO) times this",
     )
     f.add_argument("--conversations", type=int, help="default: the preset's")
     f.add_argument("--turns", type=int, help="default: the preset's")
