@@ -27,7 +27,7 @@ __all__ = ["ARMS", "PRESETS", "Preset", "run_fleet"]
 #: Every arm of a fleet run, in the order they run.
 ARMS = (
     "carryover",
-    "carryover-always-pull",  # the turn-cost rule off: the handle always goes to P
+    "carryover-always-pull",  # pulls priced at nothing (docs/turn-costs.md)
     "carryover-no-index",
     "carryover-decode-local",
     "carryover-warm",
@@ -95,8 +95,8 @@ PRESETS: dict[str, Preset] = {
     ),
     "pressure": msgspec.structs.replace(
         CHAT,
-        about="pressure: chat at twice the rate, on decoders whose KV capacity pins alone "
-        "could fill half of",
+        about="pressure: chat on decoders of 4,096 blocks, which the pins of 40 "
+        "conversations alone could fill to three quarters",
         rate=16.0,
         num_blocks=4096,
     ),

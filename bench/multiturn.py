@@ -24,7 +24,7 @@ __all__ = ["ARMS", "ArmResult", "run_arms"]
 #: Router flags per arm; ``None`` is the colocated baseline (one engine, both phases, no router).
 ARMS: dict[str, list[str] | None] = {
     "carryover": [],
-    # The turn-cost rule off (docs/turn-costs.md): a pull is free, so the handle always goes.
+    # Pulls priced at nothing (docs/turn-costs.md): the handle goes whenever it adds a token.
     "carryover-always-pull": ["--cost-pull-tokens", "0", "--cost-pulled-token", "0"],
     "carryover-no-reuse": ["--no-reuse"],
     "carryover-unchecked": ["--planner", "carryover.bench.unchecked:plan_unchecked"],

@@ -223,10 +223,35 @@ class SimEngine(NixlTransfer):
                 if seq.aborted:
                     self._running.remove(seq)
                     continue
-                self._step(seq)
+                if seq in self._running and not self._step(seq):
+                    self._preempt()
             await self.publish_kv_events()  # one batch per step, as vLLM's scheduler sends
 
+    def _preempt(self) -> None:
+        """No free block for a running request's next token: as vLLM's scheduler does
+        (recompute preemption), the request admitted last gives its blocks back and waits at
+        the head of the queue, to recompute its prompt and output when blocks free up. A
+        request alone in the batch waits instead (pins expiring free blocks)."""
+        if len(self._running) < 2:
+            return
+        victim = self._running.pop()
+        self.pool.release(victim.blocks)
+        victim.blocks, victim.computed, victim.preempted = [], 0, True
+        self._waiting.appendleft(victim)
+        self.metrics.preempted()
+
+    def _resume(self, seq: EngineSequence) -> float:
+        """A preempted request back in the batch: its prompt and output so far recomputed
+        (its answer stays the one it was streaming)."""
+        tokens = seq.request.prompt + seq.output
+        seq.blocks = self.pool.allocate(cdiv(len(tokens), self.config.block_size))
+        self.pool.compute(seq.blocks, seq.request.prompt, 0, len(seq.request.prompt))
+        seq.preempted = False
+        return self.config.timing.prefill(len(tokens), 0)
+
     def _prefill(self, seq: EngineSequence) -> float:
+        if seq.preempted:
+            return self._resume(seq)
         prompt = seq.request.prompt
         size = self.config.block_size
         missing = cdiv(len(prompt), size) - len(seq.blocks)
@@ -255,7 +280,8 @@ class SimEngine(NixlTransfer):
         )
         return self.config.timing.prefill(computed, seq.computed)
 
-    def _step(self, seq: EngineSequence) -> None:
+    def _step(self, seq: EngineSequence) -> bool:
+        """One token for ``seq``; False when no block was free for it."""
         request = seq.request
         size = self.config.block_size
         # The token produced at this step needs KV only once the next one is computed.
@@ -264,7 +290,7 @@ class SimEngine(NixlTransfer):
             try:
                 seq.blocks += self.pool.allocate(needed - len(seq.blocks))
             except OutOfBlocks:
-                return  # wait a step for blocks
+                return False
         token = seq.answer[len(seq.output)]
         seq.output.append(token)
         piece = self.template.token_text(token)
@@ -273,12 +299,13 @@ class SimEngine(NixlTransfer):
         stop = next((s for s in request.stop if s in seq.text), None)
         if stop is not None:
             self._finish(seq, "stop", stop, handle_allowed=False)
-            return
+            return True
         seq.events.put_nowait(Token(token, "" if eos else piece))
         if eos or len(seq.output) >= len(seq.answer):
             self._finish(seq, "stop", None, handle_allowed=True)
         elif len(seq.output) >= request.max_tokens:
             self._finish(seq, "length", None, handle_allowed=True)
+        return True
 
     def _finish(
         self, seq: EngineSequence, reason: str, stop_reason: str | None, *, handle_allowed: bool

@@ -59,6 +59,9 @@ class EngineMetrics:
             "vllm:nixl_num_notifications_after_expiry", "Reads of blocks no longer held."
         )
         self._transfers = counter("vllm:nixl_xfer_tokens", "Tokens read over NIXL (sim only).")
+        self._preemptions = counter(
+            "vllm:num_preemptions", "Requests preempted: blocks taken back, recomputed later."
+        )
         self._expired_pins = counter(
             "sim:expired_pins", "Pinned turns released at their TTL, never read (sim only)."
         )
@@ -95,6 +98,9 @@ class EngineMetrics:
     def generated(self, prompt: int, output: int) -> None:
         self._prompt.labels(**self._labels).inc(prompt)
         self._generation.labels(**self._labels).inc(output)
+
+    def preempted(self) -> None:
+        self._preemptions.labels(**self._labels).inc()
 
     def finished(self, reason: str) -> None:
         self._success.labels(**self._labels, finished_reason=reason).inc()

@@ -69,6 +69,7 @@ class EngineSequence:
     events: asyncio.Queue[Token | Finished | EngineError] = field(default_factory=asyncio.Queue)
     aborted: bool = False
     finished: bool = False
+    preempted: bool = False  # its blocks were taken back: it recomputes before its next step
 
 
 @dataclass

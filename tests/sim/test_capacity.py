@@ -1,16 +1,23 @@
 """The simulator's KV capacity behaves as vLLM's does where the fleet benchmark depends on it
 (issue 39): blocks held by a request or a pin count against capacity and are never evicted;
-a request that finds no free block waits; cached blocks no one holds are evicted least
+a request that finds no free block waits, and a running one that finds none preempts the one
+admitted last (vLLM's recompute preemption); cached blocks no one holds are evicted least
 recently freed first, and each eviction is a KV event; a pull costs time by bytes, so a
 small one can lose to computing the tokens locally."""
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import pytest
 
 from carryover.bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
 from carryover.bench.sim.timing import Timing
 from carryover.router.kv.events import BlockRemoved
+from tests.sim.helpers import chat_body, user
+from tests.support.metrics import ascrape
+from tests.support.sims import running, sim_config
 
 
 def _prompt(start: int, blocks: int, size: int = 4) -> list[int]:
@@ -66,3 +73,32 @@ def test_a_pull_costs_time_by_bytes_and_a_small_one_can_lose_to_computing() -> N
     assert timing.transfer(16) > timing.prefill(16, 0) - timing.prefill_fixed
     # Thousands of tokens of history: pulling them is far cheaper than computing them.
     assert timing.transfer(8000) < timing.prefill(8000, 0) / 5
+
+
+async def test_requests_outgrowing_the_cache_preempt_one_another_and_all_finish() -> None:
+    """Two requests admitted with room for their prompts, whose answers then need more blocks
+    than the cache has: without preemption both wait for a block forever. As vLLM's scheduler
+    does, the one admitted last gives its blocks back, waits, recomputes, and both answers are
+    what each gets alone."""
+    body = chat_body([user("Tell me about rivers.")], max_tokens=70, ignore_eos=True)
+    async with (
+        running(sim_config(None)) as alone,
+        running(sim_config(None, num_blocks=10, speed=0.05)) as small,
+        httpx.AsyncClient(timeout=10) as client,
+    ):
+        want = (await client.post(alone.url + "/v1/chat/completions", json=body)).json()
+        first, second = await asyncio.wait_for(
+            asyncio.gather(
+                client.post(small.url + "/v1/chat/completions", json=body),
+                client.post(
+                    small.url + "/v1/chat/completions",
+                    json={**body, "messages": [user("Tell me about stones.")]},
+                ),
+            ),
+            timeout=10,
+        )
+        metrics = await ascrape(client, small.url)
+    assert first.status_code == second.status_code == 200
+    assert first.json()["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+    assert len(second.json()["choices"][0]["token_ids"]) == 70
+    assert metrics["vllm:num_preemptions_total"] >= 1
