@@ -27,6 +27,8 @@ ARMS: dict[str, list[str] | None] = {
     # Pulls priced at nothing (docs/turn-costs.md): the handle goes whenever it adds a token.
     "carryover-always-pull": ["--cost-pull-tokens", "0", "--cost-pulled-token", "0"],
     "carryover-no-reuse": ["--no-reuse"],
+    # Pressure relief that starts earlier than the defaults (0.9 / 0.75).
+    "carryover-early-relief": ["--decode-kv-high-water", "0.8", "--decode-kv-low-water", "0.6"],
     "carryover-unchecked": ["--planner", "carryover.bench.unchecked:plan_unchecked"],
     # The same router, its engines without KV events: routed by load and last-turn affinity.
     "carryover-no-index": [],
@@ -49,6 +51,7 @@ INDEXED = frozenset(
     {
         "carryover",
         "carryover-always-pull",
+        "carryover-early-relief",
         "carryover-unchecked",
         "carryover-decode-local",
         "carryover-tokens-per-load",
