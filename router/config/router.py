@@ -237,10 +237,11 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         float,
         about(
             "A decode instance's KV cache use (pins included) at which its oldest handles are "
-            "given back, so pins cannot starve running requests; above 1: never."
+            "given back, so pins cannot starve running requests; above 1: never "
+            "(bench/RESULTS.md, pressure: 0.8 against 0.9)."
         ),
-    ] = 0.9
-    decode_kv_low_water: Annotated[float, about("The use that giving back aims for.")] = 0.75
+    ] = 0.8
+    decode_kv_low_water: Annotated[float, about("The use that giving back aims for.")] = 0.6
     breaker_failures: Annotated[
         int, about("Consecutive failures that open an instance's circuit.")
     ] = 3

@@ -77,12 +77,12 @@ def test_affinity_settings_come_from_flags_env_and_file(tmp_path: Path) -> None:
 
 def test_decode_kv_marks_come_from_flags_and_env_and_must_be_ordered() -> None:
     config = load_config(["--decode", "http://d:1"], environ={})
-    assert (config.decode_kv_high_water, config.decode_kv_low_water) == (0.9, 0.75)
+    assert (config.decode_kv_high_water, config.decode_kv_low_water) == (0.8, 0.6)
     config = load_config(
-        ["--decode", "http://d:1", "--decode-kv-high-water", "0.8"],
+        ["--decode", "http://d:1", "--decode-kv-high-water", "0.9"],
         environ={"CARRYOVER_DECODE_KV_LOW_WATER": "0.5"},
     )
-    assert (config.decode_kv_high_water, config.decode_kv_low_water) == (0.8, 0.5)
+    assert (config.decode_kv_high_water, config.decode_kv_low_water) == (0.9, 0.5)
     assert load_config(["--decode", "http://d:1", "--decode-kv-high-water", "2"], environ={})
     for high, low in (("0.5", "0.6"), ("0.9", "0")):
         with pytest.raises(ConfigError):
