@@ -242,9 +242,14 @@ class SimEngine(NixlTransfer):
 
     def _resume(self, seq: EngineSequence) -> float:
         """A preempted request back in the batch: its prompt and output so far recomputed
-        (its answer stays the one it was streaming)."""
+        (its answer stays the one it was streaming). Only with a free block to spare for each
+        running request's next token: running requests come first, as in vLLM's scheduler,
+        or the two would take each other's blocks in turn forever."""
         tokens = seq.request.prompt + seq.output
-        seq.blocks = self.pool.allocate(cdiv(len(tokens), self.config.block_size))
+        needed = cdiv(len(tokens), self.config.block_size)
+        if self.pool.num_blocks - self.pool.used < needed + len(self._running):
+            raise OutOfBlocks(f"{seq.request.request_id} waits for the running requests")
+        seq.blocks = self.pool.allocate(needed)
         self.pool.compute(seq.blocks, seq.request.prompt, 0, len(seq.request.prompt))
         seq.preempted = False
         return self.config.timing.prefill(len(tokens), 0)
