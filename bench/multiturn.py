@@ -117,6 +117,20 @@ class ArmResult:
 _SOURCES = "vllm:prompt_tokens_by_source_total"
 
 
+#: The decoders' gauges the sampler reads: KV use, pinned handles, share held by pins.
+_SAMPLED = ("vllm:kv_cache_usage_perc", "sim:pinned_handles", "sim:pinned_kv_usage_perc")
+
+
+def _gauges(url: str, names: Sequence[str]) -> dict[str, float]:
+    """Each of ``names`` in one read of ``url``'s /metrics, summed over its labels."""
+    found = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name in found:
+                found[sample.name] += sample.value
+    return found
+
+
 def _summed(url: str, name: str, by: str | None = None, **labels: str) -> dict[str, float]:
     """Samples ``name`` of ``url``'s /metrics whose labels include ``labels``, summed by the
     label ``by`` (one total under "" without it)."""
@@ -159,13 +173,9 @@ class DecodeSampler:
         if not self._decodes:  # the colocated baseline
             return
         try:
-            usage = sum(
-                _summed(d.url, "vllm:kv_cache_usage_perc").get("", 0.0) for d in self._decodes
-            ) / len(self._decodes)
-            pinned = sum(_summed(d.url, "sim:pinned_handles").get("", 0.0) for d in self._decodes)
-            pinned_usage = sum(
-                _summed(d.url, "sim:pinned_kv_usage_perc").get("", 0.0) for d in self._decodes
-            ) / len(self._decodes)
+            read = [_gauges(d.url, _SAMPLED) for d in self._decodes]  # one scrape each
+            usage, pinned, pinned_usage = (sum(r[n] for r in read) for n in _SAMPLED)
+            usage, pinned_usage = usage / len(read), pinned_usage / len(read)
         except httpx.HTTPError:
             return
         self.samples.append((time.perf_counter() - self._started, usage, pinned, pinned_usage))

@@ -17,7 +17,6 @@ from carryover.router.turn.costs import pull_pays
 from carryover.router.turn.model import Prepared, TurnPath, TurnRequest
 from carryover.router.turn.placement import (
     cached_on,
-    held_on_device,
     holding,
     note_choice,
     note_warm,
@@ -131,10 +130,10 @@ def _give_back_if_pull_wasted(
     plan_ = prepared.plan
     if plan_.path not in (Path.REUSE, Path.PARTIAL) or plan_.handle is None:
         return
-    if cached_on(svc, prepared, instance) is None:  # nothing known of P: the handle goes
+    cached = cached_on(svc, prepared, instance)
+    if cached is None:  # nothing known of P: the handle goes
         return
-    own = held_on_device(svc, prepared, instance)
-    if pull_pays(own, plan_.reused_tokens, req.model.costs):
+    if pull_pays(cached.device_tokens, plan_.reused_tokens, req.model.costs):
         return
     prepared.plan = Plan(
         Path.RELEASE, Reason.PULL_DOES_NOT_PAY, release_handle(plan_.handle), 0, plan_.common
