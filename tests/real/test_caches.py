@@ -202,9 +202,27 @@ async def test_a_decode_local_turn_is_served_from_ds_own_cache(
     reference's, and the unneeded handle is released."""
     p_url, d_url = urls(vllm_pair)
     flags = ("--decode-local-max-tokens", "512")
+    blocks = BLOCKS.format(name=name(d_url))
+    joined = f"carryover_kv_event_replays_total{{outcome=recovered,server={name(d_url)}}}"
     async with routed(vllm_pair, redis_server, tmp_path, *flags) as router:
+        # The turn runs decode-local only once the router's index, fed by D's events, says D
+        # holds the history: a fresh router first loads what D held (its join replay), then
+        # D's events of the first turn arrive on their own schedule.
+        held_before = (
+            await eventually(
+                lambda: ascrape(client, router.url),
+                lambda m: m.get(joined, 0) >= 1,
+                what="the router loaded D's earlier blocks",
+            )
+        ).get(blocks, 0.0)
         nonce = uuid.uuid4().hex[:8]
         prompt, output = await first_turn(client, router, vllm_pair, nonce)
+        await eventually(
+            lambda: ascrape(client, router.url),
+            lambda m: m.get(blocks, 0.0) >= held_before + (len(prompt) + len(output) - 1) // BLOCK,
+            what="the index holds D's blocks of the first turn",
+            timeout=120,
+        )
         second = await next_prompt(client, p_url, prompt, output, nonce)
         p_before, d_before = await ascrape(client, p_url), await ascrape(client, d_url)
         r = await completion(client, router.url, second, conversation=nonce)
