@@ -75,6 +75,7 @@ def _fleet(args: argparse.Namespace) -> None:
         num_blocks=args.num_blocks,
         seed=args.seed,
         stream_interval=args.stream_interval,
+        engine_nice=args.engine_nice,
         progress=sys.stderr.isatty(),
     )
     print(render_markdown(report))
@@ -234,6 +235,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--slo",
         default="ttft=1000ms,itl=250ms",
         help="in simulated time (scaled like the rest); ITL is per streamed chunk",
+    )
+    f.add_argument(
+        "--engine-nice",
+        type=int,
+        default=10,
+        help="niceness of the simulated engines: the routers and the load generator get the "
+        "CPU first, as on a fleet where engines have hosts of their own (0: all equal)",
     )
     f.add_argument("--out", type=Path, default=Path("results/fleet"))
     f.set_defaults(func=_fleet)

@@ -128,6 +128,7 @@ def run_fleet(
     num_blocks: int | None = None,
     seed: int = 0,
     stream_interval: int = 10,
+    engine_nice: int = 0,
     progress: bool = False,
 ) -> dict[str, Any]:
     preset = PRESETS[workload]
@@ -159,6 +160,7 @@ def run_fleet(
         "time_scale": f"{time_scale} (think times, arrival gaps, D's TTL and the router's "
         "lifetimes)",
         "engine_speed": f"{speed} (the engines' simulated timing, and the SLO {slo.describe()})",
+        "engine_nice": engine_nice,
         "spec": msgspec.json.encode(spec).decode(),
     }
     return run_arms(
@@ -180,4 +182,5 @@ def run_fleet(
         progress=progress,
         meta=meta,
         decode_ttl=preset.decode_ttl * time_scale,
+        engine_nice=engine_nice,
     )

@@ -34,7 +34,7 @@ import httpx
 
 from carryover.bench.loadgen import closed_loop
 from carryover.bench.local_redis import local_redis
-from carryover.bench.overhead import MODES, decode_sim_options, jobs_for
+from carryover.bench.overhead import LONG, MODES, decode_sim_options, jobs_for
 from carryover.bench.ports import free_port
 from carryover.bench.procs import Process, topology
 
@@ -96,6 +96,15 @@ def _router_under_callgrind(
             popen.wait()
 
 
+def _kv_event_flags(*engines: Process) -> list[str]:
+    flags = []
+    for engine in engines:
+        assert engine.kv_events is not None
+        flags += ["--kv-events", f"{engine.url}={engine.kv_events[0]}"]
+        flags += ["--kv-events-replay", f"{engine.url}={engine.kv_events[1]}"]
+    return flags
+
+
 def _wait_ready(url: str, popen: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -144,11 +153,18 @@ def run_instructions(
         flags: list[str] = []
         if redis:
             flags = ["--redis", stack.enter_context(local_redis())]
-        prefill = topo.sim("prefill", "kv_producer", speed=0)
-        decode = topo.sim("decode", "kv_consumer", speed=0, **decode_sim_options())
+        prefill = topo.sim("prefill", "kv_producer", speed=0, kv_events=True)
+        decode = topo.sim("decode", "kv_consumer", speed=0, kv_events=True, **decode_sim_options())
         topo.wait()
         for mode in modes:
-            with _router_under_callgrind(prefill, decode, flags, out) as (url, popen, dump):
+            # The long conversation's router follows the engines' KV events, as a fleet's
+            # does: at 30k tokens the index's work is part of a turn's.
+            events = _kv_event_flags(prefill, decode) if mode == LONG else []
+            with _router_under_callgrind(prefill, decode, [*flags, *events], out) as (
+                url,
+                popen,
+                dump,
+            ):
                 _wait_ready(url, popen, ready_timeout)
                 rows.append(_count(url, popen.pid, dump, mode, turns))
     results = {"store": "redis" if redis else "memory", "rows": rows}

@@ -216,11 +216,12 @@ def _run_sim_arm(
     progress: bool,
     model: str,
     decode_ttl: float | None,
+    engine_nice: int = 0,
 ) -> ArmResult:
     flags = arm_flags(arm)
     engines: list[tuple[str, Process]] = []
     name, _, policy = arm.partition(":")
-    with topology() as topo:
+    with topology(engine_nice=engine_nice) as topo:
         if flags is None:
             engine = topo.sim("engine", None, speed=speed, extra=sim_flags)
             url, send_id = engine.url, False
@@ -329,6 +330,7 @@ def run_arms(
     progress: bool = True,
     meta: dict[str, Any] | None = None,
     decode_ttl: float | None = None,
+    engine_nice: int = 0,
 ) -> dict[str, Any]:
     """Every arm in ``arms`` runs on its own fresh simulated topology; ``targets`` maps extra arm
     names to already running endpoints (a router in front of real vLLM, say)."""
@@ -348,6 +350,7 @@ def run_arms(
             progress=progress,
             model=model,
             decode_ttl=decode_ttl,
+            engine_nice=engine_nice,
         )
         records += result.records
         walls[arm] = result.wall

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import shlex
 import signal
 import statistics
@@ -45,6 +46,7 @@ from carryover.bench.proctree import cpu_seconds, listening_pid, rss_mb
 from carryover.bench.report import percentile
 
 __all__ = [
+    "LONG",
     "MODES",
     "Peer",
     "decode_sim_options",
@@ -55,7 +57,19 @@ __all__ = [
 ]
 
 MODES = ("completions", "stream", "chat")
+#: Not in the default modes: an agent-like conversation whose prompt grows past 30k tokens,
+#: where the router's per-token work (hashing, checking, the legs' bodies) shows.
+LONG = "long"
 _CHAT_TURNS = 4
+_LONG_TURNS = 28
+_LONG_WORDS = 800  # about 1,000 tokens a tool result: turn 28's prompt is about 30k
+_VOCABULARY = (
+    "the of and to in is that for it as with was on be by at this from or an are not have "
+    "but were which one all their there been has more when will would who so if out into "
+    "than them only other some time could these two may then first any like now over such "
+    "our what just also after new used between through where much before those while"
+)
+_WORDS = _VOCABULARY.split()
 _DECODE_BLOCKS = 262_144
 _DECODE_TTL = 3.0  # seconds; a conversation's four chat turns take milliseconds
 _SYSTEM = " ".join(f"Rule {n}: answer in plain words and keep it short." for n in range(14))
@@ -82,6 +96,8 @@ def parse_peer(text: str) -> Peer:
 def jobs_for(mode: str, count: int, *, conversation: bool) -> list[Job]:
     """``count`` turns of ``mode``."""
     jobs = []
+    if mode == LONG:
+        return _long_jobs(count, conversation=conversation)
     if mode == "chat":
         for n in range(max(1, count // _CHAT_TURNS)):
             body: dict[str, Any] = {
@@ -105,6 +121,28 @@ def jobs_for(mode: str, count: int, *, conversation: bool) -> list[Job]:
         if conversation:
             body["conversation_id"] = uuid.uuid4().hex
         jobs.append(Job("/v1/completions", body))
+    return jobs
+
+
+def _long_jobs(count: int, *, conversation: bool) -> list[Job]:
+    """Conversations of ``_LONG_TURNS`` turns, each follow-up a tool-sized block of text."""
+    jobs = []
+    for n in range(max(1, count // _LONG_TURNS)):
+        rng = random.Random(n)
+        texts = tuple(
+            " ".join(rng.choice(_WORDS) for _ in range(_LONG_WORDS)) for _ in range(_LONG_TURNS)
+        )
+        body: dict[str, Any] = {
+            "model": "sim-qwen3",
+            "messages": [
+                {"role": "system", "content": _SYSTEM * 8},
+                {"role": "user", "content": texts[0]},
+            ],
+            "max_tokens": 8,
+        }
+        if conversation:
+            body["conversation_id"] = uuid.uuid4().hex
+        jobs.append(Job("/v1/chat/completions", body, texts[1:]))
     return jobs
 
 

@@ -65,6 +65,10 @@ class Topology:
 
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="carryover-")))
     processes: list[Process] = field(default_factory=list)
+    #: Niceness of the simulated engines (and their render server and warm tier). They stand
+    #: in for GPUs on hosts of their own: above 0, a router and the load generator sharing a
+    #: small machine with many of them get the CPU first.
+    engine_nice: int = 0
 
     def _spawn(
         self,
@@ -127,9 +131,13 @@ class Topology:
                 },
             }
             args += ["--kv-transfer-config", json.dumps(config)]
-        process = self._spawn(name, args, env)
+        process = self._spawn(name, args, env, command=self._engine_command())
         process.kv_events = events
         return process
+
+    def _engine_command(self) -> tuple[str, ...]:
+        command = (sys.executable, "-m", "carryover")
+        return ("nice", "-n", str(self.engine_nice), *command) if self.engine_nice else command
 
     def sim_render(
         self, name: str, *, model: str = "sim-qwen3", reasoning_parser: str | None = None
@@ -138,12 +146,12 @@ class Topology:
         args = ["sim-render", model, "--port", str(free_port())]
         if reasoning_parser is not None:
             args += ["--reasoning-parser", reasoning_parser]
-        return self._spawn(name, args)
+        return self._spawn(name, args, command=self._engine_command())
 
     def sim_warm_tier(self, name: str, *, chunk_tokens: int = 256) -> Process:
         """A simulated warm KV tier (LMCache's server) for engines given ``--sim-warm-tier``."""
         args = ["sim-warm-tier", "--port", str(free_port()), "--chunk-tokens", str(chunk_tokens)]
-        return self._spawn(name, args)
+        return self._spawn(name, args, command=self._engine_command())
 
     def router(
         self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str
@@ -184,8 +192,8 @@ class Topology:
 
 
 @contextlib.contextmanager
-def topology() -> Iterator[Topology]:
-    topo = Topology()
+def topology(*, engine_nice: int = 0) -> Iterator[Topology]:
+    topo = Topology(engine_nice=engine_nice)
     try:
         yield topo
     finally:
