@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 from itertools import islice
 
-from carryover.router.kv.chain import ROOT, chain_hashes, extend, salt_root
+from carryover.router.kv.chain import ROOT, chain_hashes, salt_root
 from carryover.router.kv.events import (
     AllBlocksCleared,
     BlockHash,
@@ -143,12 +143,12 @@ class InstanceBlocks:
             if found is None:
                 return self._skip(Skipped.UNKNOWN_PARENT, count)
             parent = found
-        tokens = event.token_ids
         keys, held, bit = self._keys, self._held, int(tier)
-        for i, engine_hash in enumerate(event.block_hashes):
-            parent = extend(parent, tokens[i * size : (i + 1) * size])
-            keys[(tier, engine_hash)] = parent
-            held[parent] = held.get(parent, 0) | bit
+        for engine_hash, key in zip(
+            event.block_hashes, chain_hashes(event.token_ids, size, parent), strict=True
+        ):
+            keys[(tier, engine_hash)] = key
+            held[key] = held.get(key, 0) | bit
         if len(self._keys) > self.max_blocks:
             # Only lost removals get here; stale entries would never leave otherwise.
             self.overflows += 1
