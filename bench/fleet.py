@@ -31,6 +31,7 @@ ARMS = (
     "carryover-no-index",
     "carryover-decode-local",
     "carryover-warm",
+    "carryover-workers",  # two worker processes, state in a redis-server of the arm's own
     "carryover-no-reuse",  # the plain P/D proxy: load only, no conversation state
     *(f"vllm-router:{policy}" for policy in POLICIES),
 )

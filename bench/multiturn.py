@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
 from carryover.bench.procs import Process, free_port, topology
 from carryover.bench.report import Slo, build_report, write_report
@@ -30,6 +32,8 @@ ARMS: dict[str, list[str] | None] = {
     # Pressure relief that starts earlier than the defaults (0.9 / 0.75).
     "carryover-early-relief": ["--decode-kv-high-water", "0.8", "--decode-kv-low-water", "0.6"],
     "carryover-unchecked": ["--planner", "carryover.bench.unchecked:plan_unchecked"],
+    # Two worker processes sharing state in a local redis-server (started for the arm).
+    "carryover-workers": ["--workers", "2"],
     # The same router, its engines without KV events: routed by load and last-turn affinity.
     "carryover-no-index": [],
     # Short turns run on the D that holds their history, without a P leg.
@@ -52,12 +56,15 @@ INDEXED = frozenset(
         "carryover",
         "carryover-always-pull",
         "carryover-early-relief",
+        "carryover-workers",
         "carryover-unchecked",
         "carryover-decode-local",
         "carryover-tokens-per-load",
         "carryover-warm",
     }
 )
+#: Arms whose router keeps its state in a redis-server of their own.
+REDIS = frozenset({"carryover-workers"})
 #: Arms whose P engines share a simulated warm tier of this many tokens a chunk.
 WARM = frozenset({"carryover-warm", "carryover-warm-no-index"})
 WARM_CHUNK = 256
@@ -221,7 +228,9 @@ def _run_sim_arm(
     flags = arm_flags(arm)
     engines: list[tuple[str, Process]] = []
     name, _, policy = arm.partition(":")
-    with topology(engine_nice=engine_nice) as topo:
+    with contextlib.ExitStack() as stack, topology(engine_nice=engine_nice) as topo:
+        if name in REDIS and flags is not None:
+            flags = [*flags, "--redis", stack.enter_context(local_redis())]
         if flags is None:
             engine = topo.sim("engine", None, speed=speed, extra=sim_flags)
             url, send_id = engine.url, False

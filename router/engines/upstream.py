@@ -122,10 +122,11 @@ class Upstream:
         *,
         timeout: float,
         headers: Mapping[str, str] | None = None,
+        decoder: msgspec.json.Decoder[Any] | None = None,
     ) -> Any:
-        """POST JSON, return the decoded JSON body of a 2xx answer; ``timeout`` bounds the
-        whole exchange (one timer in the wire, no ``asyncio.timeout`` scope: this runs twice
-        a turn)."""
+        """POST JSON, return the decoded JSON body of a 2xx answer (by ``decoder`` when
+        given: a typed answer); ``timeout`` bounds the whole exchange (one timer in the wire,
+        no ``asyncio.timeout`` scope: this runs twice a turn)."""
         response = await self._send(
             "POST", url, _encoder.encode(body), self._headers(headers), timeout
         )
@@ -136,7 +137,7 @@ class Upstream:
                 _message_of(failed, response.status), status=response.status, body=failed
             )
         try:
-            return _decoder.decode(content)
+            return (decoder or _decoder).decode(content)
         except msgspec.DecodeError as exc:
             raise EngineFailed(f"{url} answered with invalid JSON") from exc
 

@@ -9,6 +9,7 @@ from carryover.router.ledger import Origin
 from carryover.router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.model import Prepared, TurnRequest
+from carryover.router.turn.prefill_answer import same_ids
 from carryover.router.turn.services import TurnServices
 from carryover.state import (
     Committed,
@@ -118,7 +119,7 @@ def _not_storable(
     ran = prepared.ids if prepared.ids is not None else output.prompt_ids
     if ran is None:
         return ReleaseCause.NO_PROMPT_IDS
-    if prepared.prefill_ids is not None and prepared.prefill_ids != ran:
+    if prepared.prefill_ids is not None and not same_ids(prepared.prefill_ids, ran):
         # D's prompt KV came from P: computed from other ids than the record would say (a P
         # that ignores forwarded ids, or an unchecked turn P rendered differently).
         log.warning("a prefill instance ran other prompt ids than decode was given")

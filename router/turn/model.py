@@ -16,6 +16,7 @@ from carryover.router.kv.index import Cached, Prompt
 from carryover.router.ledger import HeldHandle
 from carryover.router.metrics import turn_label
 from carryover.router.tracing import NO_TRACE, TurnTrace
+from carryover.router.turn.prefill_answer import RanIds
 from carryover.state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
 
 __all__ = [
@@ -145,7 +146,7 @@ class Prepared:
     claimed: HeldHandle | None = (
         None  # the claimed record's handle in the ledger (router/ledger.py)
     )
-    prefill_ids: list[int] | None = None  # the prompt ids P said it ran, when it says
+    prefill_ids: RanIds | None = None  # the prompt ids P said it ran, when it says
 
     @property
     def reused_tokens(self) -> int:

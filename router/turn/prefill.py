@@ -10,7 +10,7 @@ from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_prefill
 from carryover.router.ledger import HeldHandle
 from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
-from carryover.router.relay import DecodeOutput
+from carryover.router.turn import prefill_answer
 from carryover.router.turn.api import engine_api
 from carryover.router.turn.commit import release_replaced
 from carryover.router.turn.costs import pull_pays
@@ -22,6 +22,7 @@ from carryover.router.turn.placement import (
     note_warm,
     note_warm_stored,
 )
+from carryover.router.turn.prefill_answer import PrefillAnswer
 from carryover.router.turn.services import TurnServices
 from carryover.state import Path, Plan, Reason, Record, StoreUnavailable, release_handle
 
@@ -59,11 +60,12 @@ async def run_prefill(
                 note_warm(svc, prepared, instance)
             with svc.pool.lease(instance, req.tenant) as lease:
                 try:
-                    answer = await svc.upstream.post_json(
+                    answer: PrefillAnswer = await svc.upstream.post_json(
                         f"{instance.url}{path}",
                         body,
                         timeout=svc.config.timeouts.prefill,
                         headers=req.engine_headers,
+                        decoder=prefill_answer.decoder,
                     )
                 except EngineUnavailable as exc:
                     # Never sent (no connection): the handle goes to the next P, if any.
@@ -100,7 +102,7 @@ async def run_prefill(
                         svc.ledger.released(claimed, str(plan_.reason))
                     else:
                         svc.ledger.sent(claimed)
-                params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+                params = answer.kv_transfer_params
                 if not isinstance(params, dict) or not params.get("do_remote_prefill"):
                     lease.failed(
                         EngineFailed(
@@ -111,7 +113,7 @@ async def run_prefill(
                     tried.add(instance)
                     continue
                 lease.succeeded()
-                prepared.prefill_ids = _ran(answer)
+                prepared.prefill_ids = answer.ran()
                 svc.metrics.prefilled.labels(req.model_label, req.turn_label).observe(
                     time.monotonic() - req.started
                 )
@@ -139,13 +141,6 @@ def _give_back_if_pull_wasted(
         Path.RELEASE, Reason.PULL_DOES_NOT_PAY, release_handle(plan_.handle), 0, plan_.common
     )
     prepared.path = TurnPath.PREFILL_CACHE
-
-
-def _ran(answer: dict[str, Any]) -> list[int] | None:
-    """The prompt ids P ran, read where D's answer carries them too."""
-    ran = DecodeOutput(client_wants_ids=False)
-    ran.collect(answer)
-    return ran.prompt_ids
 
 
 def _rejected(exc: UpstreamError) -> bool:

@@ -1,0 +1,66 @@
+"""What the router reads of P's answer: P's dict for D, and the prompt ids P says it ran,
+kept as P's own JSON.
+
+The ids are there to be compared with the checked ids once D has answered
+(router/turn/commit.py). Decoded into Python ints and compared one by one, a 20k-token
+prompt's ids were about a tenth of a turn's instructions (bench/RESULTS.md); compared as
+JSON with the checked ids encoded the same way, they cost one encode and a memcmp. JSON that
+differs only in its spacing is decoded and compared as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["PrefillAnswer", "RanIds", "decoder", "same_ids"]
+
+_encoder = msgspec.json.Encoder()
+_ids = msgspec.json.Decoder(list[int])
+
+
+class _Choice(msgspec.Struct):
+    index: Any = 0
+    prompt_token_ids: msgspec.Raw = msgspec.Raw()
+
+
+class PrefillAnswer(msgspec.Struct):
+    """The fields of P's answer the router reads; the rest is skipped unread."""
+
+    kv_transfer_params: Any = None
+    prompt_token_ids: msgspec.Raw = msgspec.Raw()
+    choices: list[_Choice] | None = None
+
+    def ran(self) -> RanIds | None:
+        """The prompt ids P ran, where D's answer carries them too (the answer's own, else
+        choice 0's); ``None`` when P does not say."""
+        if _is_list(self.prompt_token_ids):
+            return RanIds(bytes(self.prompt_token_ids))
+        for choice in self.choices or ():
+            if choice.index == 0 and _is_list(choice.prompt_token_ids):
+                return RanIds(bytes(choice.prompt_token_ids))
+        return None
+
+
+class RanIds(msgspec.Struct, frozen=True):
+    """A JSON array of prompt ids, as P sent it."""
+
+    json: bytes
+
+
+def _is_list(raw: msgspec.Raw) -> bool:
+    return memoryview(raw)[:1].tobytes() == b"["
+
+
+def same_ids(ran: RanIds, ids: list[int]) -> bool:
+    """Whether ``ran`` holds exactly ``ids`` (an array that is not all ints does not)."""
+    if ran.json == _encoder.encode(ids):
+        return True
+    try:
+        return _ids.decode(ran.json) == ids
+    except msgspec.DecodeError:
+        return False
+
+
+decoder = msgspec.json.Decoder(PrefillAnswer)
