@@ -158,7 +158,7 @@ def run_instructions(
         topo.wait()
         for mode in modes:
             # The long conversation's router follows the engines' KV events, as a fleet's
-            # does: at 30k tokens the index's work is part of a turn's.
+            # does: at 20k tokens the index's work is part of a turn's.
             events = _kv_event_flags(prefill, decode) if mode == LONG else []
             with _router_under_callgrind(prefill, decode, [*flags, *events], out) as (
                 url,

@@ -57,12 +57,12 @@ __all__ = [
 ]
 
 MODES = ("completions", "stream", "chat")
-#: Not in the default modes: an agent-like conversation whose prompt grows past 30k tokens,
+#: Not in the default modes: an agent-like conversation whose prompt grows past 20k tokens,
 #: where the router's per-token work (hashing, checking, the legs' bodies) shows.
 LONG = "long"
 _CHAT_TURNS = 4
 _LONG_TURNS = 28
-_LONG_WORDS = 800  # about 1,000 tokens a tool result: turn 28's prompt is about 30k
+_LONG_WORDS = 800  # about 800 tokens a tool result: turn 28's prompt is past 20k
 _VOCABULARY = (
     "the of and to in is that for it as with was on be by at this from or an are not have "
     "but were which one all their there been has more when will would who so if out into "

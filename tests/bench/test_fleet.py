@@ -69,10 +69,12 @@ def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path
 
 
 def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> None:
+    # Through two workers sharing state in the arm's own Redis, on engines at a lower
+    # priority: a conversation's turns meet their handles whichever worker takes them.
     report = run_fleet(
         "agent",
         answer_tokens=16,
-        arms=["carryover", "carryover-no-reuse"],
+        arms=["carryover-workers", "carryover-no-reuse"],
         out=tmp_path,
         slo=Slo.parse("ttft=5000ms"),
         prefills=1,
@@ -80,12 +82,16 @@ def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> N
         time_scale=0.0,
         conversations=2,
         turns=3,
+        engine_nice=10,
     )
     for name, arm in report["arms"].items():
         assert arm["requests"] == 6 and arm["failed"] == 0, (name, arm)
         assert arm["itl_p50_ms"] is None  # answered whole: nothing streamed
-    assert report["arms"]["carryover"]["answers_differing_from_baseline"] == 0
-    assert _used_the_conversation(report["arms"]["carryover"]["paths"])
+    workers = report["arms"]["carryover-workers"]
+    assert workers["answers_differing_from_baseline"] == 0
+    assert _used_the_conversation(workers["paths"])
+    assert "--workers 2 --redis redis://" in report["commands"]["carryover-workers"]
+    assert report["meta"]["engine_nice"] == 10
 
 
 def _used_the_conversation(paths: dict[str, int]) -> bool:

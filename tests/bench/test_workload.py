@@ -96,7 +96,7 @@ def test_the_long_overhead_mode_is_one_conversation_growing_by_a_tool_result_a_t
     [job] = jobs_for(LONG, 28, conversation=True)
     assert job.path == "/v1/chat/completions" and "conversation_id" in job.body
     assert len(job.follow_ups) == 27
-    # About a thousand tokens each (a word is a token or so here): turn 28 near 30k.
+    # About 800 tokens each (a word is a token or so here): turn 28 past 20k.
     assert all(700 <= len(text.split()) <= 900 for text in job.follow_ups)
     assert len({*job.follow_ups}) == 27
     assert jobs_for(LONG, 28, conversation=False)[0].body.get("conversation_id") is None
