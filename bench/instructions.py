@@ -36,7 +36,7 @@ from carryover.bench.loadgen import closed_loop
 from carryover.bench.local_redis import local_redis
 from carryover.bench.overhead import LONG, MODES, decode_sim_options, jobs_for
 from carryover.bench.ports import free_port
-from carryover.bench.procs import Process, topology
+from carryover.bench.procs import Process, kv_event_flags, topology
 
 __all__ = ["render_instructions", "run_instructions"]
 
@@ -96,15 +96,6 @@ def _router_under_callgrind(
             popen.wait()
 
 
-def _kv_event_flags(*engines: Process) -> list[str]:
-    flags = []
-    for engine in engines:
-        assert engine.kv_events is not None
-        flags += ["--kv-events", f"{engine.url}={engine.kv_events[0]}"]
-        flags += ["--kv-events-replay", f"{engine.url}={engine.kv_events[1]}"]
-    return flags
-
-
 def _wait_ready(url: str, popen: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -159,7 +150,7 @@ def run_instructions(
         for mode in modes:
             # The long conversation's router follows the engines' KV events, as a fleet's
             # does: at 20k tokens the index's work is part of a turn's.
-            events = _kv_event_flags(prefill, decode) if mode == LONG else []
+            events = kv_event_flags(prefill, decode) if mode == LONG else []
             with _router_under_callgrind(prefill, decode, [*flags, *events], out) as (
                 url,
                 popen,

@@ -19,7 +19,7 @@ import httpx
 
 from carryover.bench.ports import free_port
 
-__all__ = ["Process", "Topology", "free_port"]
+__all__ = ["Process", "Topology", "free_port", "kv_event_flags", "topology"]
 
 
 @dataclass
@@ -168,10 +168,7 @@ class Topology:
             args += ["--prefill", p.url]
         for d in decode:
             args += ["--decode", d.url]
-        for engine in (*prefill, *decode):
-            if engine.kv_events is not None:
-                args += ["--kv-events", f"{engine.url}={engine.kv_events[0]}"]
-                args += ["--kv-events-replay", f"{engine.url}={engine.kv_events[1]}"]
+        args += kv_event_flags(*prefill, *decode)
         return self._spawn(name, [*args, *flags])
 
     def peer(self, name: str, binary: Path, args: Sequence[str]) -> Process:
@@ -189,6 +186,16 @@ class Topology:
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
+
+
+def kv_event_flags(*engines: Process) -> list[str]:
+    """A router's flags for the KV events of those ``engines`` that publish them."""
+    flags: list[str] = []
+    for engine in engines:
+        if engine.kv_events is not None:
+            flags += ["--kv-events", f"{engine.url}={engine.kv_events[0]}"]
+            flags += ["--kv-events-replay", f"{engine.url}={engine.kv_events[1]}"]
+    return flags
 
 
 @contextlib.contextmanager
