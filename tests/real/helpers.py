@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from carryover.bench.real.launch import SERVED_NAME, VllmPair
+from tests.support.http import SAFE_TO_RESEND
 from tests.support.metrics import ascrape
 
 BLOCK = 128
@@ -72,7 +73,9 @@ async def pulled(client: httpx.AsyncClient, p_url: str) -> float:
 
 
 async def tokenize(client: httpx.AsyncClient, url: str, **body: Any) -> list[int]:
-    r = await client.post(url + "/tokenize", json={"model": SERVED_NAME, **body})
+    r = await client.post(
+        url + "/tokenize", json={"model": SERVED_NAME, **body}, extensions=SAFE_TO_RESEND
+    )
     r.raise_for_status()
     tokens: list[int] = r.json()["tokens"]
     return tokens

@@ -37,6 +37,7 @@ from tests.real.served import (
     fold_stream,
     second_turn,
 )
+from tests.support.http import SAFE_TO_RESEND
 from tests.support.metrics import ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
@@ -107,19 +108,28 @@ async def _unrouted(
 ) -> dict[str, Any]:
     """The pipeline by hand, on D alone and off every cache."""
     salted = {**body, "cache_salt": uuid.uuid4().hex}
-    generate = (await client.post(render + "/v1/chat/completions/render", json=salted)).json()
+    # Each leg is safe to send twice: the render server keeps nothing, and D's run is salted
+    # off every cache and read only for its answer.
+    once = SAFE_TO_RESEND
+    generate = (
+        await client.post(render + "/v1/chat/completions/render", json=salted, extensions=once)
+    ).json()
     generate["return_token_ids"] = True
     # The render server leaves out max_tokens when it equals vLLM's default of 16, and the
     # generate server would then run to the end of the context (router/tokens/legs.py).
     generate["sampling_params"]["max_tokens"] = body["max_tokens"]
-    generated = (await client.post(decode + "/inference/v1/generate", json=generate)).json()
+    generated = (
+        await client.post(decode + "/inference/v1/generate", json=generate, extensions=once)
+    ).json()
     derender = {
         "stream": False,
         "generate_response": generated,
         "prompt_tokens": len(generate["token_ids"]),
         "chat_request": salted,
     }
-    answer = (await client.post(render + "/v1/chat/completions/derender", json=derender)).json()
+    answer = (
+        await client.post(render + "/v1/chat/completions/derender", json=derender, extensions=once)
+    ).json()
     answer["choices"][0]["token_ids"] = generated["choices"][0]["token_ids"]
     return answer
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator
 
 import httpx
@@ -27,9 +29,10 @@ async def _read_request(reader: asyncio.StreamReader) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def closing_on_second_request() -> AsyncIterator[str]:
+async def closing_on_second_request(reset: bool = False) -> AsyncIterator[str]:
     """Answers every connection's first request and closes it, unanswered, on the second:
-    what a server whose idle close crossed the client's reuse looks like from the client."""
+    what a server whose idle close crossed the client's reuse looks like from the client.
+    With ``reset`` the close is an RST (the client reads ECONNRESET), not a FIN."""
     port = free_port()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -38,6 +41,11 @@ async def closing_on_second_request() -> AsyncIterator[str]:
                 writer.write(OK)
                 await writer.drain()
                 await _read_request(reader)
+        if reset:
+            linger_zero = struct.pack("ii", 1, 0)
+            writer.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, linger_zero
+            )
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", port)
@@ -48,17 +56,19 @@ async def closing_on_second_request() -> AsyncIterator[str]:
         await server.wait_closed()
 
 
-async def test_a_get_on_a_connection_closed_unanswered_is_sent_again() -> None:
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_get_on_a_connection_closed_unanswered_is_sent_again(reset: bool) -> None:
     resending = httpx.AsyncClient(transport=ResendStaleGets())
-    async with closing_on_second_request() as url, resending as client:
+    async with closing_on_second_request(reset) as url, resending as client:
         assert (await client.get(url)).text == "ok"
         assert (await client.get(url)).text == "ok"  # the pooled one failed, a new one answered
 
 
-async def test_without_the_resend_the_same_get_fails() -> None:
-    async with closing_on_second_request() as url, httpx.AsyncClient() as client:
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_without_the_resend_the_same_get_fails(reset: bool) -> None:
+    async with closing_on_second_request(reset) as url, httpx.AsyncClient() as client:
         await client.get(url)
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
             await client.get(url)
 
 
@@ -70,8 +80,9 @@ async def test_a_post_is_not_sent_again() -> None:
             await client.post(url, content=b"{}")
 
 
-async def test_a_post_marked_safe_to_resend_is_sent_again() -> None:
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+async def test_a_post_marked_safe_to_resend_is_sent_again(reset: bool) -> None:
     resending = httpx.AsyncClient(transport=ResendStaleGets())
-    async with closing_on_second_request() as url, resending as client:
+    async with closing_on_second_request(reset) as url, resending as client:
         await client.post(url, content=b"{}")
         assert (await client.post(url, content=b"{}", extensions=SAFE_TO_RESEND)).text == "ok"
