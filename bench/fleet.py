@@ -71,6 +71,8 @@ CHAT = Preset(
     arrival="poisson",
     rate=8.0,
     num_blocks=32768,
+    # 20 turns of 2,000-token answers reach ~45k tokens: a long-context model's window.
+    max_model_len=65536,
 )
 
 

@@ -29,8 +29,8 @@ ARMS: dict[str, list[str] | None] = {
     # Pulls priced at nothing (docs/turn-costs.md): the handle goes whenever it adds a token.
     "carryover-always-pull": ["--cost-pull-tokens", "0", "--cost-pulled-token", "0"],
     "carryover-no-reuse": ["--no-reuse"],
-    # Pressure relief that starts earlier than the defaults (0.9 / 0.75).
-    "carryover-early-relief": ["--decode-kv-high-water", "0.8", "--decode-kv-low-water", "0.6"],
+    # Turns ending on a full D keep their pins: relief alone gives them back.
+    "carryover-keep-pins": ["--decode-kv-pin-limit", "2"],
     "carryover-unchecked": ["--planner", "carryover.bench.unchecked:plan_unchecked"],
     # Two worker processes sharing state in a local redis-server (started for the arm).
     "carryover-workers": ["--workers", "2"],
@@ -55,7 +55,7 @@ INDEXED = frozenset(
     {
         "carryover",
         "carryover-always-pull",
-        "carryover-early-relief",
+        "carryover-keep-pins",
         "carryover-workers",
         "carryover-unchecked",
         "carryover-decode-local",
@@ -119,6 +119,7 @@ class ArmResult:
     command: str = ""  # the router's command line ("" for the colocated baseline)
     decode_kv: list[tuple[float, float, float, float]] = field(default_factory=list)
     relieved: float | None = None  # handles carryover gave back under KV pressure
+    not_kept: float | None = None  # turns' pins carryover gave back at once: D was full
 
 
 _SOURCES = "vllm:prompt_tokens_by_source_total"
@@ -188,12 +189,11 @@ class DecodeSampler:
         self.samples.append((time.perf_counter() - self._started, usage, pinned, pinned_usage))
 
 
-def relieved_handles(router_url: str) -> float:
-    """Handles a carryover router gave back under decode KV pressure, by its own count."""
-    fates = _summed(
-        router_url, "carryover_handle_fates_total", fate="released", cause="decode_pressure"
-    )
-    return fates.get("", 0.0)
+def pressure_releases(router_url: str) -> tuple[float, float]:
+    """What a carryover router gave back under decode KV pressure, by its own count: held
+    handles (relief), and new ones not kept because their D was full at the turn's end."""
+    fates = _summed(router_url, "carryover_handle_fates_total", by="cause", fate="released")
+    return fates.get("decode_pressure", 0.0), fates.get("decode_full", 0.0)
 
 
 def engine_prompt_sources(url: str) -> dict[str, float]:
@@ -320,8 +320,10 @@ def _run_sim_arm(
                 )
             )
         wall = time.perf_counter() - started
-        relieved = relieved_handles(url) if send_id else None
-        return ArmResult(records, wall, prompt_sources(engines), command, sampler.samples, relieved)
+        relieved, not_kept = pressure_releases(url) if send_id else (None, None)
+        return ArmResult(
+            records, wall, prompt_sources(engines), command, sampler.samples, relieved, not_kept
+        )
 
 
 def run_arms(
@@ -373,6 +375,7 @@ def run_arms(
             "pinned_usage_peak": max(pinned_usage, default=None),
             "pinned_handles_peak": max((p for _, _, p, _ in result.decode_kv), default=None),
             "relieved_handles": result.relieved,
+            "pins_not_kept": result.not_kept,
             "samples": result.decode_kv,
         }
     for arm, url in (targets or {}).items():

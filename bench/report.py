@@ -255,14 +255,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
         lines += [
             "| arm | KV use mean | KV use peak | held by pins, peak | pinned handles peak "
-            "| given back under pressure |"
+            "| given back under pressure | new pins not kept (D full) |"
         ]
-        lines.append("|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|")
         for arm, kv in decode_kv.items():
             lines.append(
                 f"| {arm} | {_percent(kv['kv_usage_mean'])} | {_percent(kv['kv_usage_peak'])} "
                 f"| {_percent(kv.get('pinned_usage_peak'))} "
-                f"| {_fmt(kv['pinned_handles_peak'], 0)} | {_fmt(kv['relieved_handles'], 0)} |"
+                f"| {_fmt(kv['pinned_handles_peak'], 0)} | {_fmt(kv['relieved_handles'], 0)} "
+                f"| {_fmt(kv.get('pins_not_kept'), 0)} |"
             )
     commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
     if commands:

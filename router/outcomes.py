@@ -52,6 +52,9 @@ class ReleaseCause(StrEnum):
     CONVERSATION_ENDED = "conversation_ended"
     # D's KV cache ran full of pinned turns: the oldest handles there were given back.
     DECODE_PRESSURE = "decode_pressure"
+    # The turn ended on a D at or above the high-water mark: its pin was not kept, so the
+    # pins do not outgrow what relief gives back.
+    DECODE_FULL = "decode_full"
     # The client left before its claimed handle was sent to P.
     CLIENT_GONE = "client_gone"
     # P answered the request that carried the handle with a 4xx: it never ran it.

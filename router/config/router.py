@@ -242,6 +242,14 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ),
     ] = 0.8
     decode_kv_low_water: Annotated[float, about("The use that giving back aims for.")] = 0.6
+    decode_kv_pin_limit: Annotated[
+        float,
+        about(
+            "A decode instance's KV cache use at which turns ending there keep no pin (their "
+            "handle is given back at once): relief frees what is held, not what keeps "
+            "arriving; above 1: never (bench/RESULTS.md, pressure)."
+        ),
+    ] = 0.8
     breaker_failures: Annotated[
         int, about("Consecutive failures that open an instance's circuit.")
     ] = 3
@@ -299,6 +307,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("affinity_slack and affinity_tokens_per_load must be 0 or more")
         if not 0 < self.decode_kv_low_water < self.decode_kv_high_water:
             raise ConfigError("decode_kv_low_water must be above 0 and below decode_kv_high_water")
+        if self.decode_kv_pin_limit <= 0:
+            raise ConfigError("decode_kv_pin_limit must be above 0")
         if not self.api_keys and not self.allow_unauthenticated and not _loopback(self.host):
             raise ConfigError(
                 f"host {self.host!r} serves beyond this machine with no api_keys: everyone "

@@ -10,7 +10,9 @@ no tenant can push another's history off D by holding more; within a tenant, the
 conversations least likely to come back soon) and releases
 them through P, as a DELETE does, until what it expects to free brings usage to ``low_water``.
 A released conversation's next turn is cold; nothing is ever sent twice (claims are atomic,
-also between replicas). Every worker of every replica probes the same usage, so each decode
+also between replicas). While a D is at or above ``decode_kv_pin_limit`` (by default the same
+mark), turns ending there keep no pin either (``keeps_new_pins``): relief frees what is held,
+not what keeps arriving. Every worker of every replica probes the same usage, so each decode
 instance is relieved by one process per interval, fleet-wide (``Store.take_turn``): N
 processes give back what one would.
 """
@@ -28,7 +30,7 @@ from carryover.router.metrics import RouterMetrics
 from carryover.router.outcomes import LeftToExpire
 from carryover.state import Record, Store, StoreUnavailable
 
-__all__ = ["relieve", "relieve_forever", "share_to_release"]
+__all__ = ["keeps_new_pins", "relieve", "relieve_forever", "share_to_release"]
 
 log = logging.getLogger("carryover.pressure")
 
@@ -36,6 +38,13 @@ log = logging.getLogger("carryover.pressure")
 Release = Callable[[Instance, Record], Awaitable[bool]]
 
 _RELEASES_AT_ONCE = 16  # one-token P requests: a burst of them must not crowd out turns
+
+
+def keeps_new_pins(usage: float, *, limit: float) -> bool:
+    """Whether a turn ending on a D at ``usage`` keeps its pin: not at or above ``limit``.
+    Relief frees what is held; under a steady stream of turns the pins that arrive meanwhile
+    would take its place, so a full D takes no new ones."""
+    return usage < limit
 
 
 def share_to_release(usage: float, held: int, *, high_water: float, low_water: float) -> int:

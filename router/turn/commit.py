@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from carryover.router.fleet.instance import Instance, streams_handles
+from carryover.router.fleet.pressure import keeps_new_pins
 from carryover.router.ledger import Origin
 from carryover.router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
 from carryover.router.relay import DecodeOutput
@@ -49,6 +50,10 @@ async def commit(
         return
     held = svc.ledger.hold(Origin.DECODED)
     refused = _not_storable(req, prepared, output, decode)
+    if refused is None and not keeps_new_pins(
+        decode.kv_usage, limit=svc.config.decode_kv_pin_limit
+    ):
+        refused = ReleaseCause.DECODE_FULL
     if refused is not None:
         svc.release_later(req, held, handle, refused)
         return

@@ -180,3 +180,11 @@ def test_the_admin_key_and_the_salt_key_come_from_files(tmp_path: Path) -> None:
     assert config.admin_key == "sk-admin-0123" and config.cache_salt_key_file == "/k"
     with pytest.raises(ConfigError, match="admin_key_file"):
         load_config([*base, "--admin-key-file", str(tmp_path / "missing")], environ={})
+
+
+def test_the_pin_limit_comes_from_flags_and_must_be_positive() -> None:
+    assert load_config(["--decode", "http://d:1"], environ={}).decode_kv_pin_limit == 0.8
+    never = load_config(["--decode", "http://d:1", "--decode-kv-pin-limit", "2"], environ={})
+    assert never.decode_kv_pin_limit == 2
+    with pytest.raises(ConfigError, match="decode_kv_pin_limit"):
+        load_config(["--decode", "http://d:1", "--decode-kv-pin-limit", "0"], environ={})

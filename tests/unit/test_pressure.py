@@ -1,10 +1,10 @@
-"""How many held handles a full decode instance gives back."""
+"""How many held handles a full decode instance gives back, and when it takes no new ones."""
 
 from __future__ import annotations
 
 import pytest
 
-from carryover.router.fleet.pressure import share_to_release
+from carryover.router.fleet.pressure import keeps_new_pins, share_to_release
 
 
 @pytest.mark.parametrize(
@@ -24,3 +24,12 @@ def test_share(usage: float, held: int, expected: int) -> None:
 
 def test_never_more_than_held() -> None:
     assert share_to_release(1.0, 10, high_water=0.5, low_water=0.01) == 10
+
+
+@pytest.mark.parametrize(("usage", "kept"), [(0.0, True), (0.79, True), (0.8, False), (1.0, False)])
+def test_a_decode_at_the_mark_keeps_no_new_pins(usage: float, kept: bool) -> None:
+    assert keeps_new_pins(usage, limit=0.8) is kept
+
+
+def test_a_mark_above_one_keeps_every_pin() -> None:
+    assert keeps_new_pins(1.0, limit=1.01)

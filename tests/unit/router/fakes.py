@@ -56,6 +56,7 @@ class FakeEngine:
     # P: runs its own rendering (a leading BOS) instead of the ids it was given, as an engine
     # that ignores forwarded ids would
     own_ids: bool = False
+    kv_usage: float = 0.0  # what its /metrics reports as vllm:kv_cache_usage_perc
 
     @property
     def url(self) -> str:
@@ -92,7 +93,7 @@ class FakeFleet(httpx.AsyncBaseTransport):
             raise httpx.ConnectError("connection refused", request=request)
         path = request.url.path
         if request.method == "GET":
-            return self._get(path)
+            return self._get(engine, path)
         if engine.connect_timeouts and path != "/tokenize":
             engine.connect_timeouts -= 1
             raise httpx.ConnectTimeout(f"connection timeout to {request.url}", request=request)
@@ -119,9 +120,13 @@ class FakeFleet(httpx.AsyncBaseTransport):
             return self._prefill(engine, body)
         return self._decode(engine, body, chat=path.endswith("chat/completions"))
 
-    def _get(self, path: str) -> httpx.Response:
+    def _get(self, engine: FakeEngine, path: str) -> httpx.Response:
         if path == "/metrics":
-            return httpx.Response(200, text=f"process_start_time_seconds {self.start_time}\n")
+            return httpx.Response(
+                200,
+                text=f"process_start_time_seconds {self.start_time}\n"
+                f"vllm:kv_cache_usage_perc {engine.kv_usage}\n",
+            )
         if path == "/version":
             return httpx.Response(200, json={"version": "0.33.0"})
         if path == "/v1/models":

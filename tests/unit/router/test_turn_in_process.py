@@ -26,6 +26,7 @@ class Rig:
     p: FakeEngine
     d: FakeEngine
     now: list[float]
+    app: Any
 
     async def chat(
         self, messages: list[dict[str, Any]], conversation: str = "c1", **extra: Any
@@ -53,7 +54,7 @@ async def rig() -> AsyncIterator[Rig]:
     now = [1_000_000.0]
     app = create_app(config, transport=FakeFleet(p, d), clock=lambda: now[0], seed=0)
     async with AsyncTestClient(app=app) as client:
-        yield Rig(client, p, d, now)
+        yield Rig(client, p, d, now, app)
     assert_ledger_balanced(app)
 
 
@@ -88,6 +89,25 @@ async def test_a_handle_is_read_once_and_the_client_sees_nothing_internal(rig: R
     p_ids = rig.p.requests[-1]["kv_transfer_params"]["prompt_token_ids"]
     d_ids = rig.d.requests[-1]["kv_transfer_params"]["prompt_token_ids"]
     assert p_ids == d_ids
+
+
+async def test_a_turn_ending_on_a_full_decode_keeps_no_pin(rig: Rig) -> None:
+    await rig.chat(history(1))
+    rig.d.kv_usage = 0.85  # above the high-water mark (0.8)
+    await rig.app.state.services.pool.probe_all()
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "reuse")
+    # D's new pin was given back through P at once, not stored for the next turn.
+    assert rig.d.holds == {} and len(rig.p.releases) == 1
+    metrics = (await rig.client.get("/metrics")).text
+    assert 'carryover_handles_released_total{cause="decode_full"} 1.0' in metrics
+    status, path, _ = await rig.chat(history(3))
+    assert (status, path) == (200, "cold-miss")
+    rig.d.kv_usage = 0.5
+    await rig.app.state.services.pool.probe_all()
+    await rig.chat(history(4))
+    status, path, _ = await rig.chat(history(5))
+    assert (status, path) == (200, "reuse")
 
 
 async def test_an_expired_record_is_never_sent(rig: Rig) -> None:
