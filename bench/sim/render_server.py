@@ -22,7 +22,7 @@ from aiohttp import web
 
 from carryover.bench.sim.answers import split_reasoning
 from carryover.bench.sim.http import error, ok, serve
-from carryover.router.render.chat_template import ChatTemplate, RenderInputError
+from carryover.router.render.chat_template import ChatTemplate, RenderDeclined, RenderInputError
 
 __all__ = ["RenderSimConfig", "SimRenderServer"]
 
@@ -161,7 +161,7 @@ class SimRenderServer:
                 chat_template_kwargs=self._kwargs(body),
             )
             sampling = self._sampling(body, len(ids), chat=True)
-        except (_BadRequest, RenderInputError, ValueError, TypeError) as exc:
+        except (_BadRequest, RenderInputError, RenderDeclined, ValueError, TypeError) as exc:
             return error(400, str(exc))
         generate = self._generate_request(request, body, ids, sampling, "chatcmpl")
         generate.update(reasoning_ended=None, reasoning_parser_kwargs=None)

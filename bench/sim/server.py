@@ -18,7 +18,7 @@ from carryover.bench.sim.engine import EngineError, GenerationRequest, SimEngine
 from carryover.bench.sim.generate_api import cache_salt, generate
 from carryover.bench.sim.http import error, ok, serve
 from carryover.bench.sim.responses import streamed_answer, whole_answer
-from carryover.router.render.chat_template import ChatTemplate, RenderInputError
+from carryover.router.render.chat_template import ChatTemplate, RenderDeclined, RenderInputError
 
 __all__ = ["SimServer"]
 
@@ -159,7 +159,7 @@ class SimServer:
                 tools=body.get("tools"),
                 chat_template_kwargs=kwargs,
             )
-        except RenderInputError as exc:
+        except (RenderInputError, RenderDeclined) as exc:  # what the simulator does not model
             raise EngineError(400, str(exc)) from exc
 
     def _sampling(self, body: dict[str, Any], prompt_len: int, *, chat: bool) -> dict[str, Any]:

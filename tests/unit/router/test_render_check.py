@@ -144,3 +144,27 @@ async def test_a_check_that_overlaps_a_prefill_restart_does_not_count() -> None:
     assert await renderer.check("m", "http://p0") is RenderCheck.PENDING
     engine.on_call = lambda: None
     assert await renderer.check("m", "http://p0") is RenderCheck.AGREES
+
+
+def coercing_tokenize(body: dict[str, Any]) -> list[int]:
+    """P's /tokenize, whose pydantic model coerces a tool's ``"strict": "true"`` to ``True``."""
+    tools = [
+        {**t, "function": {**t["function"], "strict": t["function"]["strict"] == "true"}}
+        if "strict" in t["function"]
+        else t
+        for t in body.get("tools") or []
+    ]
+    return qwen3_tokenize({**body, "tools": tools or None})
+
+
+@pytest.mark.parametrize("tokenize", [coercing_tokenize])
+async def test_a_turn_this_process_cannot_render_as_vllm_does_is_rendered_by_the_engine(
+    rig: Rig,
+) -> None:
+    await rig.until("agrees")
+    calls = rig.fleet.tokenize_calls
+    tools = [{"type": "function", "function": {"name": "f", "strict": "true"}}]
+    ids = await rig.chat(1, tools=tools)
+    assert rig.fleet.tokenize_calls == calls + 1  # declined here (router/render/messages.py)
+    messages = [{"role": "user", "content": "question 1"}]
+    assert ids == coercing_tokenize({"messages": messages, "tools": tools})
