@@ -88,29 +88,14 @@ async def test_the_kv_index_follows_vllms_own_events(
     """The router's index, fed by D's KV events, says D holds what D's own prefix-cache
     counter then shows it did not compute (docs/kv-events.md)."""
     p_url, d_url = urls(vllm_pair)
-    assert vllm_pair.decode is not None
-    d_name = vllm_pair.decode.url.removeprefix("http://")
+    d_name = name(d_url)
     nonce = uuid.uuid4().hex[:8]
-    prompt = await first_prompt(client, p_url, nonce)
-    blocks = f"carryover_kv_index_blocks{{server={d_name}}}"
-    held_before = (await ascrape(client, real_router.url)).get(blocks, 0.0)
-    r = await completion(client, real_router.url, prompt, conversation=nonce)
-    assert r.status_code == 200, r.text
-    output = r.json()["choices"][0]["token_ids"]
+    prompt, output = await first_turn(client, real_router, vllm_pair, nonce)
     history = len(prompt) + len(output) - 1  # what D ran and keeps
-    await eventually(
-        lambda: ascrape(client, real_router.url),
-        lambda values: values.get(blocks, 0.0) >= held_before + history // BLOCK,
-        what="the index holds D's blocks of the first turn",
-        timeout=120,
-    )
     router = await ascrape(client, real_router.url)
     for why in ("undecodable", "unknown_event"):
         assert router.get(f"carryover_kv_events_skipped_total{{server={d_name},why={why}}}", 0) == 0
-    suffix = (
-        f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 40)}<|im_end|>\n<|im_start|>assistant\n"
-    )
-    second = prompt + output + await tokenize(client, p_url, prompt=suffix)
+    second = await next_prompt(client, p_url, prompt, output, nonce)
     said = "carryover_kv_cached_tokens_total{leg=decode}"
     said_before = router.get(said, 0.0)
     hits_before = (await ascrape(client, d_url)).get(HITS, 0.0)
@@ -205,27 +190,18 @@ async def test_a_decode_local_turn_is_served_from_ds_own_cache(
     # this turn through P in two of three CI runs), and this test is about serving the turn
     # from D's cache (the pricing: tests/unit/test_turn_costs.py).
     flags = ("--decode-local-max-tokens", "512", "--cost-decode-stall", "0")
-    blocks = BLOCKS.format(name=name(d_url))
     joined = f"carryover_kv_event_replays_total{{outcome=recovered,server={name(d_url)}}}"
     async with routed(vllm_pair, redis_server, tmp_path, *flags) as router:
         # The turn runs decode-local only once the router's index, fed by D's events, says D
         # holds the history: a fresh router first loads what D held (its join replay), then
-        # D's events of the first turn arrive on their own schedule.
-        held_before = (
-            await eventually(
-                lambda: ascrape(client, router.url),
-                lambda m: m.get(joined, 0) >= 1,
-                what="the router loaded D's earlier blocks",
-            )
-        ).get(blocks, 0.0)
-        nonce = uuid.uuid4().hex[:8]
-        prompt, output = await first_turn(client, router, vllm_pair, nonce)
+        # D's events of the first turn arrive on their own schedule (first_turn waits).
         await eventually(
             lambda: ascrape(client, router.url),
-            lambda m: m.get(blocks, 0.0) >= held_before + (len(prompt) + len(output) - 1) // BLOCK,
-            what="the index holds D's blocks of the first turn",
-            timeout=120,
+            lambda m: m.get(joined, 0) >= 1,
+            what="the router loaded D's earlier blocks",
         )
+        nonce = uuid.uuid4().hex[:8]
+        prompt, output = await first_turn(client, router, vllm_pair, nonce)
         second = await next_prompt(client, p_url, prompt, output, nonce)
         p_before, d_before = await ascrape(client, p_url), await ascrape(client, d_url)
         r = await completion(client, router.url, second, conversation=nonce)
