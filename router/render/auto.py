@@ -76,14 +76,15 @@ def probe_chats() -> list[dict[str, Any]]:
     ]
     # An agent loop after the last user message, as vLLM prepares it before templating
     # (router/render/messages.py): tool-call arguments compact and spaced (parsed, then
-    # written with json.dumps spacing), reasoning (kept) and reasoning_content (dropped), tool
-    # results, every text part type, empty parts skipped.
+    # written with json.dumps spacing), reasoning, tool results, the text part types vLLM's
+    # request model takes for these roles, empty parts skipped. (Not reasoning_content: the
+    # chat request renames it to reasoning, /tokenize's does not.)
     agent: list[dict[str, Any]] = [
         messages[0],
         {
             "role": "user",
             "content": [
-                {"type": "input_text", "text": "Find 7."},
+                {"type": "text", "text": "Find 7."},
                 {"type": "text", "text": ""},
                 {"type": "thinking", "thinking": "a record"},
                 {"type": "refusal", "refusal": "or not"},
@@ -105,7 +106,6 @@ def probe_chats() -> list[dict[str, Any]]:
         {
             "role": "assistant",
             "content": "Checking twice.",
-            "reasoning_content": "dropped by vLLM",
             "tool_calls": [
                 {
                     "id": "call_2",
@@ -117,7 +117,7 @@ def probe_chats() -> list[dict[str, Any]]:
         {
             "role": "tool",
             "tool_call_id": "call_2",
-            "content": [{"type": "output_text", "text": "same"}, "again"],
+            "content": [{"type": "text", "text": "same"}, {"type": "text", "text": "again"}],
         },
     ]
     return [

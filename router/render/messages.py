@@ -5,7 +5,7 @@ vLLM does not template the client's messages as sent. It rebuilds each one
 ``parse_chat_message_content`` and ``_postprocess_messages``) and dumps the tools through
 its pydantic models (``renderers/online_renderer.py``, ``tool.model_dump()``). A template
 given the client's own dicts renders another prompt: compact tool-call arguments where vLLM
-writes ``json.dumps`` spacing, a ``reasoning_content`` vLLM drops, text part types it reads.
+writes ``json.dumps`` spacing, a deprecated ``reasoning_content`` vLLM renames, keys it drops.
 These functions do the same, for templates that take content as a string (vLLM's "string"
 content format: text parts joined by newlines). What they cannot reproduce exactly raises
 :class:`RenderDeclined` (the engine renders that turn); what vLLM refuses raises
@@ -14,7 +14,6 @@ content format: text parts joined by newlines). What they cannot reproduce exact
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +37,12 @@ _TEXT_PARTS = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
+#: The roles of OpenAI's message types. vLLM's request model validates their parts: only
+#: these types with a string pass (``input_text``, ``output_text``, bare strings and null
+#: texts are refused), and their content may be null only for the assistant. Other roles
+#: (vLLM's ``CustomChatCompletionMessageParam``) take every text part type.
+_OPENAI_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_OPENAI_ROLE_PARTS = frozenset({"text", "refusal", "thinking"})
 #: A system text starting with this loses its first line (vLLM's
 #: ``_strip_claude_code_billing_header``: the line changes on every request).
 _BILLING_HEADER = "x-anthropic-billing-header"
@@ -61,36 +66,43 @@ def _strip_billing_header(parts: list[Any]) -> list[Any]:
     return out
 
 
-def _part_text(part: Any) -> str | None:
+def _part_text(part: Any, *, openai_role: bool) -> str | None:
     """The text one content part contributes (``None``: skipped, as vLLM skips empty ones)."""
-    if isinstance(part, str):
+    if isinstance(part, str) and not openai_role:
         return part or None
     if not isinstance(part, Mapping):
-        raise RenderInputError("content parts must be strings or objects")
+        raise RenderDeclined("a content part that is not an object")
     kind = part.get("type")
-    if part.get("uuid") is not None or kind not in _TEXT_PARTS:
-        # Media, tool references, parts without a type: the engine decides.
+    allowed = _OPENAI_ROLE_PARTS if openai_role else _TEXT_PARTS.keys()
+    if part.get("uuid") is not None or not isinstance(kind, str) or kind not in allowed:
+        # Media, tool references, untyped parts, types the request model refuses: the
+        # engine decides.
         raise RenderDeclined(f"content part of type {kind!r}")
-    text = part.get(_TEXT_PARTS[kind])
-    if text is None or text == "":
+    key = _TEXT_PARTS[kind]
+    text = part.get(key)
+    if text is None and not openai_role:
         return None
     if not isinstance(text, str):
-        raise RenderInputError(f"the {_TEXT_PARTS[kind]!r} of a {kind!r} part must be a string")
-    return text
+        raise RenderDeclined(f"the {key!r} of a {kind!r} part is not a string")
+    return text or None
 
 
 def _content(role: str, content: Any) -> str:
+    openai_role = role in _OPENAI_ROLES
     if content is None:
+        if openai_role and role != "assistant":
+            raise RenderDeclined(f"null content of a {role} message")
         parts: list[Any] = []
     elif isinstance(content, str):
         parts = [{"type": "text", "text": content}]
     elif isinstance(content, list):
         parts = content
     else:
-        raise RenderInputError("message content must be a string, a list of parts, or null")
+        raise RenderDeclined("content that is not a string, a list of parts, or null")
     if role == "system":
         parts = _strip_billing_header(parts)
-    return "\n".join(t for t in map(_part_text, parts) if t is not None)
+    texts = (_part_text(part, openai_role=openai_role) for part in parts)
+    return "\n".join(t for t in texts if t is not None)
 
 
 def _arguments(function: dict[str, Any]) -> dict[str, Any]:
@@ -100,17 +112,19 @@ def _arguments(function: dict[str, Any]) -> dict[str, Any]:
     value = function.get("arguments")
     if not value:
         return {}
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-    return value if isinstance(value, dict) else {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+_CALL_KEYS = {"id", "type", "function"}
 
 
 def _tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
+    """Each call as vLLM's request model keeps it: ``id``, ``function`` (``arguments``,
+    parsed, then ``name``, then any other keys the client put there), ``type``."""
     out = []
     for call in calls:
         if not isinstance(call, dict):
@@ -120,9 +134,12 @@ def _tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
             raise RenderInputError(
                 "chat completions only support assistant tool_calls of type 'function'"
             )
-        call = copy.deepcopy(call)
-        call["function"]["arguments"] = _arguments(function)
-        out.append(call)
+        fields = (call.get("id"), function.get("name"), function.get("arguments"))
+        if not all(isinstance(v, str) for v in fields) or call.keys() != _CALL_KEYS:
+            raise RenderDeclined("a tool call of another shape than OpenAI's")
+        extra = {k: v for k, v in function.items() if k not in ("arguments", "name")}
+        parsed = {"arguments": _arguments(function), "name": function["name"], **extra}
+        out.append({"id": call["id"], "function": parsed, "type": "function"})
     return out
 
 
@@ -139,6 +156,8 @@ def _message(message: Any) -> dict[str, Any]:
             if calls:  # an empty list is dropped: the template takes its plain path
                 result["tool_calls"] = _tool_calls(calls)
         reasoning = message.get("reasoning")
+        if reasoning is None:  # the request model renames the deprecated field
+            reasoning = message.get("reasoning_content")
         if reasoning is not None:
             if not isinstance(reasoning, str):
                 raise RenderDeclined("reasoning that is not a string")
@@ -173,10 +192,12 @@ def _optional(value: Any, kind: type, what: str) -> Any:
 def vllm_tools(tools: Any) -> list[dict[str, Any]] | None:
     """``tools`` as vLLM's ``ChatCompletionToolsParam.model_dump()`` gives them to the
     template: its fields in its order, ``description`` and ``parameters`` null when absent,
-    ``strict`` and ``defer_loading`` only when set, unknown keys dropped. ``None`` (or an
-    empty list, which /tokenize takes as none): no tools."""
-    if not tools:
+    ``strict`` and ``defer_loading`` only when set, unknown keys dropped. ``None``: no tools
+    (an empty list is refused, as vLLM's chat request refuses it)."""
+    if tools is None:
         return None
+    if tools == []:
+        raise RenderInputError("`tools` must not be an empty array")
     if not isinstance(tools, list):
         raise RenderDeclined("tools that are not a list")
     dumped = []

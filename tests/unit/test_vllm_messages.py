@@ -44,17 +44,39 @@ def test_tool_call_arguments_reach_the_template_parsed_and_spaced_as_vllm_writes
     assert '{"id": 7}' in text and '{"id":7}' not in text
 
 
-@pytest.mark.parametrize("arguments", [None, "", "{not json", "[1, 2]", "42", "true", {}], ids=repr)
+@pytest.mark.parametrize("arguments", ["", "{not json", "[1, 2]", "42", "true", "null"], ids=repr)
 def test_arguments_that_are_empty_not_json_or_not_an_object_become_an_empty_object(
-    arguments: Any,
+    arguments: str,
 ) -> None:
     (message,) = vllm_messages([assistant(call(arguments))])
     assert message["tool_calls"][0]["function"]["arguments"] == {}
 
 
-def test_arguments_given_as_an_object_are_kept() -> None:
-    (message,) = vllm_messages([assistant(call({"b": 1, "a": 2}))])
-    assert list(message["tool_calls"][0]["function"]["arguments"]) == ["b", "a"]
+def test_a_tool_call_keeps_vllms_key_order_and_the_functions_other_keys() -> None:
+    function = {"x": 1, "name": "f", "arguments": '{"b":1,"a":2}'}
+    sent = {"function": function, "type": "function", "id": "c"}
+    (message,) = vllm_messages([assistant(sent)])
+    (kept,) = message["tool_calls"]
+    assert list(kept) == ["id", "function", "type"]
+    assert list(kept["function"]) == ["arguments", "name", "x"]
+    assert list(kept["function"]["arguments"]) == ["b", "a"]
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        call({"id": 7}),
+        call(None),
+        {**call("{}"), "extra": 1},
+        {"id": "c", "function": {"name": "f", "arguments": "{}"}},
+    ],
+    ids=["object-arguments", "null-arguments", "extra-key", "no-type"],
+)
+def test_a_tool_call_the_request_model_would_refuse_or_reshape_is_left_to_the_engine(
+    sent: dict[str, Any],
+) -> None:
+    with pytest.raises(RenderDeclined):
+        vllm_messages([assistant(sent)])
 
 
 def test_an_empty_tool_call_list_is_dropped_and_bad_entries_are_refused() -> None:
@@ -66,11 +88,16 @@ def test_an_empty_tool_call_list_is_dropped_and_bad_entries_are_refused() -> Non
         vllm_messages([assistant({**call("{}"), "type": "custom"})])
 
 
-def test_reasoning_is_kept_under_both_names_and_reasoning_content_is_not_read() -> None:
+def test_reasoning_reaches_the_template_under_both_names() -> None:
     (kept,) = vllm_messages([{"role": "assistant", "content": "a", "reasoning": "r"}])
     assert kept["reasoning"] == kept["reasoning_content"] == "r"
-    (dropped,) = vllm_messages([{"role": "assistant", "content": "a", "reasoning_content": "r"}])
-    assert dropped == {"role": "assistant", "content": "a"}
+    # The chat request renames the deprecated field; reasoning wins when both are set.
+    (renamed,) = vllm_messages([{"role": "assistant", "content": "a", "reasoning_content": "r"}])
+    assert renamed["reasoning"] == renamed["reasoning_content"] == "r"
+    (both,) = vllm_messages(
+        [{"role": "assistant", "content": "a", "reasoning": "r", "reasoning_content": "old"}]
+    )
+    assert both["reasoning_content"] == "r"
 
 
 def test_only_the_keys_vllm_builds_reach_the_template() -> None:
@@ -88,23 +115,46 @@ def test_only_the_keys_vllm_builds_reach_the_template() -> None:
     ]
 
 
-def test_every_text_part_type_is_read_and_empty_parts_are_skipped() -> None:
+def test_text_parts_are_joined_and_empty_ones_skipped() -> None:
     parts = [
         {"type": "text", "text": "a"},
-        {"type": "input_text", "text": "b"},
-        {"type": "output_text", "text": "c"},
-        {"type": "refusal", "refusal": "d"},
-        {"type": "thinking", "thinking": "e"},
-        "f",
+        {"type": "refusal", "refusal": "b"},
+        {"type": "thinking", "thinking": "c"},
         {"type": "text", "text": ""},
-        {"type": "text", "text": None},
-        {"type": "refusal"},
-        "",
     ]
     (message,) = vllm_messages([{"role": "user", "content": parts}])
-    assert message["content"] == "a\nb\nc\nd\ne\nf"
+    assert message["content"] == "a\nb\nc"
     (empty,) = vllm_messages([{"role": "assistant", "content": None}])
     assert empty["content"] == ""
+
+
+def test_a_custom_role_takes_every_text_part_type_as_vllms_request_model_does() -> None:
+    parts = [
+        {"type": "input_text", "text": "a"},
+        {"type": "output_text", "text": "b"},
+        "c",
+        {"type": "text", "text": None},
+    ]
+    (message,) = vllm_messages([{"role": "narrator", "content": parts}])
+    assert message["content"] == "a\nb\nc"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "input_text", "text": "a"}],
+        [{"type": "output_text", "text": "a"}],
+        ["a bare string"],
+        [{"type": "text", "text": None}],
+        None,
+    ],
+    ids=["input_text", "output_text", "bare", "null-text", "null-content"],
+)
+def test_what_the_request_model_refuses_for_openais_roles_is_left_to_the_engine(
+    content: Any,
+) -> None:
+    with pytest.raises(RenderDeclined):
+        vllm_messages([{"role": "user", "content": content}])
 
 
 @pytest.mark.parametrize(
@@ -126,7 +176,10 @@ def test_a_system_texts_billing_header_line_is_dropped_as_vllm_drops_it() -> Non
     header = "x-anthropic-billing-header: cch=123"
     messages = [
         {"role": "system", "content": f"{header}\nBe brief."},
-        {"role": "system", "content": [{"type": "text", "text": header}, "kept"]},
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": header}, {"type": "text", "text": "kept"}],
+        },
         {"role": "user", "content": f"{header}\nnot a system message"},
     ]
     assert [m["content"] for m in vllm_messages(messages)] == [
@@ -152,7 +205,7 @@ def test_the_clients_messages_are_never_changed(
 ) -> None:
     dumps = json.dumps if spaced else (lambda v: json.dumps(v, separators=(",", ":")))
     messages = [
-        {"role": "user", "content": [{"type": "input_text", "text": "q"}]},
+        {"role": "user", "content": [{"type": "text", "text": "q"}]},
         assistant(*(call(dumps(a)) for a in arguments), reasoning="r"),
     ]
     before = copy.deepcopy(messages)
@@ -194,7 +247,9 @@ def test_tools_are_dumped_with_vllms_fields_in_its_order() -> None:
         "defer_loading",
     ]
     assert list(first["function"]) == ["name", "description", "parameters"]
-    assert vllm_tools([]) is None and vllm_tools(None) is None
+    assert vllm_tools(None) is None
+    with pytest.raises(RenderInputError, match="empty"):
+        vllm_tools([])  # as vLLM's chat request refuses it
 
 
 @pytest.mark.parametrize(

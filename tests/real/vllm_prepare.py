@@ -1,0 +1,73 @@
+"""Runs inside the vLLM environment (not carryover's): reads chat requests as JSON lines on
+stdin and writes, for each, what vLLM's own code hands the chat template: the messages after
+its request model and chat preprocessing, and the tools as its model dumps them; or the
+error it raises. No engine, no model: only vLLM's request parsing.
+
+vLLM 0.32: ``vllm.renderers.chat_utils`` (``_parse_chat_message_content``,
+``_postprocess_messages``); 0.33 moved them to ``vllm.renderers.chat_utils.chat_message``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+try:
+    from vllm.renderers.chat_utils.chat_message import (  # type: ignore[import-not-found]
+        _postprocess_messages,
+        parse_chat_message_content,
+    )
+except ImportError:
+    from vllm.renderers.chat_utils import (  # type: ignore[import-not-found,no-redef]
+        _parse_chat_message_content as parse_chat_message_content,
+    )
+    from vllm.renderers.chat_utils import (  # type: ignore[import-not-found,no-redef]
+        _postprocess_messages,
+    )
+try:
+    from vllm.entrypoints.openai.chat_completion.protocol import (  # type: ignore[import-not-found]
+        ChatCompletionRequest,
+    )
+except ImportError:
+    from vllm.entrypoints.openai.protocol import (  # type: ignore[import-not-found,no-redef]
+        ChatCompletionRequest,
+    )
+
+
+class _TextOnlyTracker:
+    """The multimodal tracker a text-only chat never uses beyond a parser's two questions."""
+
+    def create_parser(self, **_: Any) -> Any:
+        return SimpleNamespace(
+            model_config=SimpleNamespace(enable_prompt_embeds=False),
+            mm_placeholder_storage=lambda: {},
+        )
+
+
+def prepare(body: dict[str, Any]) -> dict[str, Any]:
+    request = ChatCompletionRequest.model_validate(body)
+    conversation: list[Any] = []
+    for message in request.messages:
+        conversation.extend(
+            parse_chat_message_content(
+                message, _TextOnlyTracker(), "string", interleave_strings=False
+            )
+        )
+    _postprocess_messages(conversation)
+    tools = None if request.tools is None else [tool.model_dump() for tool in request.tools]
+    return {"messages": conversation, "tools": tools}
+
+
+def main() -> None:
+    for line in sys.stdin:
+        try:
+            out: dict[str, Any] = prepare(json.loads(line))
+        except Exception as exc:  # what vLLM refuses, whatever its class
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
