@@ -88,6 +88,8 @@ def _part_text(part: Any, *, openai_role: bool) -> str | None:
 
 
 def _content(role: str, content: Any) -> str:
+    if isinstance(content, str) and role != "system":
+        return content  # one text part: itself (the common case, without building the part)
     openai_role = role in _OPENAI_ROLES
     if content is None:
         if openai_role and role != "assistant":
