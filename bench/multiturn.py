@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -350,6 +351,22 @@ def run_arms(
     sources: dict[str, dict[str, float]] = {}
     commands: dict[str, str] = {}
     decode_kv: dict[str, dict[str, Any]] = {}
+    report: dict[str, Any] = {}
+
+    def written(arm: str) -> None:
+        """The report of the arms so far, written after each: a run stopped later (an engine
+        that hangs, a deadline) keeps the arms that finished."""
+        nonlocal report
+        baseline = BASELINE if BASELINE in walls else None
+        report = build_report(
+            records, baseline_arm=baseline, slo=slo, wall_seconds=walls, meta=meta, sources=sources
+        )
+        report["commands"] = commands
+        report["decode_kv"] = decode_kv
+        report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
+        if progress:
+            print(f"  {arm}: done, report so far in {out}", file=sys.stderr)
+
     for arm in arms:
         result = _run_sim_arm(
             arm,
@@ -378,15 +395,10 @@ def run_arms(
             "pins_not_kept": result.not_kept,
             "samples": result.decode_kv,
         }
+        written(arm)
     for arm, url in (targets or {}).items():
         started = time.perf_counter()
         records += asyncio.run(run_arm(arm, url, conversations, model=model, progress=progress))
         walls[arm] = time.perf_counter() - started
-    baseline = BASELINE if BASELINE in walls else None
-    report = build_report(
-        records, baseline_arm=baseline, slo=slo, wall_seconds=walls, meta=meta, sources=sources
-    )
-    report["commands"] = commands
-    report["decode_kv"] = decode_kv
-    report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
+        written(arm)
     return report

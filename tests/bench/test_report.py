@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from carryover.bench.multiturn import arm_flags
+from carryover.bench import multiturn
+from carryover.bench.multiturn import ArmResult, arm_flags
 from carryover.bench.report import Slo, build_report, percentile, render_markdown
 from carryover.bench.runner import TurnRecord
 
@@ -98,3 +102,21 @@ def test_decode_local_arms_take_their_threshold_from_the_name() -> None:
     assert arm_flags("colocated") is None
     with pytest.raises(ValueError):
         arm_flags("carryover:12")
+
+
+def test_a_run_stopped_in_an_arm_keeps_the_report_of_the_arms_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def arm_or_hang(arm: str, conversations: object, **_: object) -> ArmResult:
+        if arm != "carryover":
+            raise RuntimeError("an engine stopped answering")
+        return ArmResult([rec(arm, "c1", 1, 0.05)], 1.0, {"prefill/local_compute": 10.0})
+
+    monkeypatch.setattr(multiturn, "_run_sim_arm", arm_or_hang)
+    with pytest.raises(RuntimeError):
+        multiturn.run_arms(
+            [], ["carryover", "carryover-no-reuse"], out=tmp_path, slo=Slo(), progress=False
+        )
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert list(report["arms"]) == ["carryover"]
+    assert (tmp_path / "report.md").read_text().count("| carryover |") >= 1
