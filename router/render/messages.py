@@ -166,6 +166,9 @@ def _message(message: Any) -> dict[str, Any]:
             result["reasoning"] = result["reasoning_content"] = reasoning
     elif role == "tool" and "tool_call_id" in message:
         result["tool_call_id"] = message["tool_call_id"]
+    for key in ("name", "task", "tool_call_id"):
+        if message.get(key) is not None and not isinstance(message[key], str):
+            raise RenderDeclined(f"a {key} that is not a string")  # the request model's types
     for key in ("name", "task"):
         if isinstance(message.get(key), str):
             result[key] = message[key]

@@ -91,7 +91,7 @@ def _message(rng: random.Random, number: int) -> dict[str, Any]:
     if role == "tool":
         message["tool_call_id"] = f"call_{number}"
     if rng.random() < 0.15:
-        message["name"] = rng.choice(["ann", "bob"])
+        message["name"] = rng.choice(["ann", "bob", 3])
     if rng.random() < 0.1:
         message["stray"] = {"kept": False}
     if role == "system" and rng.random() < 0.2:

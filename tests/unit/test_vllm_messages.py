@@ -103,9 +103,9 @@ def test_reasoning_reaches_the_template_under_both_names() -> None:
 def test_only_the_keys_vllm_builds_reach_the_template() -> None:
     messages = [
         {"role": "user", "content": "u", "name": "ann", "audio": None, "refusal": "x"},
-        {"role": "tool", "content": "t", "tool_call_id": "c1", "name": 3},
+        {"role": "tool", "content": "t", "tool_call_id": "c1"},
         {"role": "developer", "content": "d", "tools": [{"x": 1}], "task": "t"},
-        {"role": "user", "content": "u", "tool_call_id": "only for tools", "task": 4},
+        {"role": "user", "content": "u", "tool_call_id": "only for tools"},
     ]
     assert vllm_messages(messages) == [
         {"role": "user", "content": "u", "name": "ann"},
@@ -267,3 +267,9 @@ def test_tools_are_dumped_with_vllms_fields_in_its_order() -> None:
 def test_tools_pydantic_would_coerce_or_refuse_are_left_to_the_engine(tool: Any) -> None:
     with pytest.raises(RenderDeclined):
         vllm_tools([tool])
+
+
+@pytest.mark.parametrize("key", ["name", "task", "tool_call_id"])
+def test_fields_of_another_type_than_the_request_models_are_left_to_the_engine(key: str) -> None:
+    with pytest.raises(RenderDeclined):
+        vllm_messages([{"role": "tool", "content": "t", key: 3}])
