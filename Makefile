@@ -6,7 +6,7 @@ SHELL := /bin/bash
 UV ?= $(shell command -v uv 2>/dev/null || echo python3 -m uv)
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap redis-server prometheus valgrind vllm-env demo test test-fast test-vllm lint bench
+.PHONY: help bootstrap redis-server prometheus valgrind vllm-env demo test test-fast test-vllm test-render-diff lint bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -74,6 +74,9 @@ test-fast: bootstrap redis-server prometheus valgrind ## everything but the real
 
 test-vllm: bootstrap redis-server vllm-env ## the real-vLLM tier alone
 	@$(UV) run pytest -m real $(PYTEST_ARGS)
+
+test-render-diff: bootstrap vllm-env ## the router's message preparation against vLLM's own code (no engine)
+	@CARRYOVER_RENDER_DIFF=1 $(UV) run pytest -m real tests/real/test_render_vllm.py $(PYTEST_ARGS)
 
 lint: bootstrap ## ruff and mypy
 	@$(UV) run ruff check . && $(UV) run ruff format --check . && $(UV) run mypy
