@@ -52,7 +52,7 @@ class ReleaseCause(StrEnum):
     CONVERSATION_ENDED = "conversation_ended"
     # D's KV cache ran full of pinned turns: the oldest handles there were given back.
     DECODE_PRESSURE = "decode_pressure"
-    # The turn ended on a D at or above the high-water mark: its pin was not kept, so the
+    # The turn ended on a D at or above decode_kv_pin_limit: its pin was not kept, so the
     # pins do not outgrow what relief gives back.
     DECODE_FULL = "decode_full"
     # The client left before its claimed handle was sent to P.
