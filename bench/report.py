@@ -11,7 +11,7 @@ from typing import Any
 
 from carryover.bench.runner import TurnRecord
 
-__all__ = ["Slo", "build_report", "percentile", "render_markdown", "write_report"]
+__all__ = ["Slo", "answers_differing", "build_report", "percentile", "render_markdown", "write_report"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -89,6 +89,26 @@ TURN_BUCKETS = (
 _ROWS_PER_TURN_UP_TO = 12
 
 
+def answers_differing(answered: list[TurnRecord], baseline: dict[tuple[str, int], str]) -> int:
+    """Turns whose answer differs from the baseline arm's with the same history: a
+    conversation is compared turn by turn up to its first difference, or to a turn the
+    baseline did not answer. Its later turns carry a different history (each arm's own
+    answers), so they would differ without being wrong."""
+    by_conversation: dict[str, dict[int, str]] = defaultdict(dict)
+    for r in answered:
+        by_conversation[r.conversation][r.turn] = r.answer
+    differ = 0
+    for conversation, answers in by_conversation.items():
+        for turn in sorted(answers):
+            want = baseline.get((conversation, turn))
+            if want is None:
+                break
+            if want != answers[turn]:
+                differ += 1
+                break
+    return differ
+
+
 def build_report(
     records: Sequence[TurnRecord],
     *,
@@ -141,12 +161,7 @@ def build_report(
                 return None
             return per_turn[turn]["ttft_p50_ms"] / first
 
-        differ = sum(
-            1
-            for r in ok
-            if (r.conversation, r.turn) in baseline
-            and baseline[(r.conversation, r.turn)] != r.answer
-        )
+        differ = answers_differing(ok, baseline)
         good = sum(1 for r in rows if slo.met(r))
         arms[arm] = {
             "turns": per_turn,
@@ -243,8 +258,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", f"Goodput: share of turns within the SLO ({report['slo']})."]
     if report["baseline_arm"]:
         lines.append(
-            f"Wrong answers: answers that differ from the `{report['baseline_arm']}` arm on the "
-            "same turn."
+            f"Wrong answers: turns whose answer differs from the `{report['baseline_arm']}` "
+            "arm's with the same conversation so far (each conversation up to its first "
+            "difference: its later turns carry each arm's own answers)."
         )
     decode_kv = report.get("decode_kv") or {}
     if decode_kv:

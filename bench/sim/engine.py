@@ -54,6 +54,7 @@ class SimEngine(NixlTransfer):
         )
         self._warm_saves: set[asyncio.Task[None]] = set()
         self._holds: dict[str, Hold] = {}
+        self._lease_renewals: dict[tuple[str, int, str], set[str]] = {}
         self._waiting: deque[EngineSequence] = deque()
         self._running: list[EngineSequence] = []
         self._wake = asyncio.Event()
@@ -88,6 +89,7 @@ class SimEngine(NixlTransfer):
             asyncio.create_task(self._expire_holds()),
         ]
         if self.config.kv_transfer is not None:
+            self._tasks.append(asyncio.create_task(self._renew_leases()))
             self._side_channel = await serve_side_channel(
                 "0.0.0.0"
                 if self.config.side_channel_host not in ("localhost", "127.0.0.1")
@@ -141,6 +143,15 @@ class SimEngine(NixlTransfer):
     @property
     def held_requests(self) -> list[str]:
         return list(self._holds)
+
+    def lease_seconds_left(self) -> dict[str, float]:
+        """P's leases on blocks D has not read yet, by request id, in seconds of this clock."""
+        now = self.now()
+        return {rid: hold.deadline - now for rid, hold in self._holds.items() if not hold.pinned}
+
+    def renewing_leases(self) -> list[str]:
+        """P's request ids whose blocks a request here waits to read (heartbeats go out)."""
+        return sorted(rid for leases in self._lease_renewals.values() for rid in leases)
 
     def refresh_gauges(self) -> None:
         pins = [h for h in self._holds.values() if h.pinned]
@@ -204,15 +215,15 @@ class SimEngine(NixlTransfer):
                 await self._wake.wait()
             cost = 0.0
             while self._waiting and len(self._running) < self.config.max_num_seqs:
-                seq = self._waiting[0]
+                seq = self._next_waiting()
                 if seq.aborted:
-                    self._waiting.popleft()
+                    self._waiting.remove(seq)
                     continue
                 try:
                     cost += self._prefill(seq)
                 except OutOfBlocks:
                     break
-                self._waiting.popleft()
+                self._waiting.remove(seq)
                 self._running.append(seq)
             if self._running:
                 cost += timing.decode(len(self._running))
@@ -226,6 +237,22 @@ class SimEngine(NixlTransfer):
                 if seq in self._running and not self._step(seq):
                     self._preempt()
             await self.publish_kv_events()  # one batch per step, as vLLM's scheduler sends
+
+    def _next_waiting(self) -> EngineSequence:
+        """The request to admit next: the first that holds KV it loaded from another instance,
+        else the head of the queue. vLLM's scheduler drains its ``kv_holding_waiting`` queue
+        before ``waiting`` (vLLM 0.32, ``v1/core/sched/scheduler.py``): a request that already
+        holds blocks needs few more, and its blocks come back when it ends. Behind a preempted
+        head that needs more blocks than are free, it would hold them forever."""
+        return next(
+            (seq for seq in self._waiting if seq.external and not seq.preempted), self._waiting[0]
+        )
+
+    def _load_may_allocate(self) -> bool:
+        """Whether a request may take blocks for KV it loads from another instance now.
+        vLLM allocates them when the request reaches the head of its waiting queue, so not
+        while a preempted request waits there for blocks to recompute."""
+        return not any(seq.preempted for seq in self._waiting)
 
     def _preempt(self) -> None:
         """No free block for a running request's next token: as vLLM's scheduler does

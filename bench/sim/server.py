@@ -375,6 +375,8 @@ class SimServer:
             {
                 "engine_id": engine.engine_id,
                 "held_requests": engine.held_requests,
+                "leases": engine.lease_seconds_left(),
+                "renewing": engine.renewing_leases(),
                 "used_blocks": engine.pool.used,
                 "cached_blocks": engine.pool.cached_blocks,
                 "num_blocks": engine.pool.num_blocks,

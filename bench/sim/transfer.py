@@ -37,6 +37,9 @@ class NixlTransfer:
     engine_id: str
     warm_tier: WarmTierClient | None
     _holds: dict[str, Hold]
+    # D's reads of P's blocks not done yet, by P's side channel: (host, port, engine id) to
+    # P's request ids, whose leases D renews (§4).
+    _lease_renewals: dict[tuple[str, int, str], set[str]]
     # Seconds this engine's clock runs ahead of the host's (set by the engine).
     _clock_offset: float
 
@@ -108,13 +111,45 @@ class NixlTransfer:
         await self._read_into(seq, handle, remote_ids, new_blocks, count, from_decode=True)
 
     async def _load_from_prefill(self, seq: EngineSequence, params: dict[str, Any]) -> None:
-        """D loading the prompt P computed (§1)."""
+        """D loading the prompt P computed (§1), renewing P's lease until it has read it."""
         prompt = seq.request.prompt
         size = self.config.block_size
         count = len(prompt) - seq.computed
         new_blocks = cdiv(len(prompt), size) - seq.computed // size
         remote_ids = params["remote_block_ids"][0][-new_blocks:] if new_blocks else []
-        await self._read_into(seq, params, remote_ids, new_blocks, count, from_decode=False)
+        holder = (
+            str(params.get("remote_host")),
+            int(params.get("remote_port") or 0),
+            str(params.get("remote_engine_id")),
+        )
+        lease = str(params.get("remote_request_id"))
+        self._lease_renewals.setdefault(holder, set()).add(lease)
+        try:
+            await self._read_into(seq, params, remote_ids, new_blocks, count, from_decode=False)
+        finally:
+            leases = self._lease_renewals.get(holder, set())
+            leases.discard(lease)
+            if not leases:
+                self._lease_renewals.pop(holder, None)
+
+    async def _renew_leases(self) -> None:
+        """D's heartbeats (§4): every ``kv_lease_duration // 6`` seconds, one message to each
+        P whose blocks a request here still waits to read, naming those requests; P extends
+        their leases. So a request that waits long for free blocks on D still reads what P
+        computed (vLLM 0.32, ``nixl/base_scheduler.py``, ``on_new_request``)."""
+        interval = max(self.config.extra.kv_lease_duration // 6, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            for (host, port, engine_id), leases in list(self._lease_renewals.items()):
+                try:
+                    await read_remote(
+                        host,
+                        port,
+                        {"op": "heartbeat", "engine_id": engine_id, "request_ids": sorted(leases)},
+                        _SIDE_CHANNEL_TIMEOUT,
+                    )
+                except SideChannelError:
+                    pass  # P gone or restarted: the read fails on its own
 
     async def _read_into(
         self,
@@ -179,12 +214,19 @@ class NixlTransfer:
         except SideChannelError:
             self.metrics.failed_transfer(expired=False)
 
+    def _load_may_allocate(self) -> bool:
+        raise NotImplementedError  # the engine's scheduler decides
+
     async def _allocate(self, count: int) -> list[int]:
+        """Blocks for KV loaded from elsewhere, once the scheduler lets loads take any and
+        they are free (polled: the simulator has no allocation queue)."""
         while True:
-            try:
-                return self.pool.allocate(count)
-            except OutOfBlocks:
-                await asyncio.sleep(0.005)
+            if self._load_may_allocate():
+                try:
+                    return self.pool.allocate(count)
+                except OutOfBlocks:
+                    pass
+            await asyncio.sleep(0.005)
 
     # -- holder side of the side channel -----------------------------------------------------
 
@@ -195,6 +237,9 @@ class NixlTransfer:
                 f"Remote NIXL agent engine ID mismatch. Expected {message.get('engine_id')}, "
                 f"received {self.engine_id}",
             )
+        if message.get("op") == "heartbeat":
+            self._extend_leases(message.get("request_ids"))
+            return {"ok": True}
         request_id = str(message.get("request_id"))
         if message.get("op") == "notify":
             self._drop_hold(request_id)
@@ -217,6 +262,16 @@ class NixlTransfer:
             )
             self.metrics.notification_after_expiry()
         return {"contents": contents}
+
+    def _extend_leases(self, request_ids: object) -> None:
+        """P's side of a heartbeat: each named lease lasts ``kv_lease_duration`` from now."""
+        if not isinstance(request_ids, list):
+            raise SideChannelError("bad_request", "heartbeat without request ids")
+        deadline = self.now() + self.config.extra.kv_lease_duration
+        for request_id in request_ids:
+            hold = self._holds.get(str(request_id))
+            if hold is not None and not hold.pinned:
+                hold.deadline = max(hold.deadline, deadline)
 
     def _drop_hold(self, request_id: str) -> bool:
         hold = self._holds.pop(request_id, None)

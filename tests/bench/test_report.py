@@ -7,7 +7,7 @@ import pytest
 
 from carryover.bench import multiturn
 from carryover.bench.multiturn import ArmResult, arm_flags
-from carryover.bench.report import Slo, build_report, percentile, render_markdown
+from carryover.bench.report import Slo, answers_differing, build_report, percentile, render_markdown
 from carryover.bench.runner import TurnRecord
 
 
@@ -67,6 +67,21 @@ def test_report_math() -> None:
     assert base["goodput_share"] == pytest.approx(2 / 3)
     text = render_markdown(report)
     assert "| 1 | 150 / 199 | 200 / 298 |" in text and "| fast |" in text
+
+
+def test_a_conversation_counts_once_up_to_its_first_differing_answer() -> None:
+    """Later turns carry each arm's own answers, so they differ without being wrong; a turn
+    the baseline did not answer ends the comparison."""
+    baseline = {("c1", 1): "x", ("c1", 2): "y", ("c1", 3): "z", ("c2", 1): "p", ("c3", 1): "q"}
+    answered = [
+        rec("fast", "c1", 1, 0.1, "x"),
+        rec("fast", "c1", 2, 0.1, "Y"),  # the first difference: counted
+        rec("fast", "c1", 3, 0.1, "Z"),  # after it: another history, not counted
+        rec("fast", "c2", 1, 0.1, "p"),
+        rec("fast", "c2", 2, 0.1, "other"),  # the baseline has no turn 2 here
+        rec("fast", "c3", 1, 0.1, "q"),
+    ]
+    assert answers_differing(answered, baseline) == 1
 
 
 def test_slo_parsing() -> None:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from carryover.bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
+from carryover.bench.sim.sequence import EngineSequence, Finished, GenerationRequest
 from carryover.bench.sim.timing import Timing
 from carryover.router.kv.events import BlockRemoved
 from tests.sim.helpers import chat_body, user
@@ -102,3 +103,50 @@ async def test_requests_outgrowing_the_cache_preempt_one_another_and_all_finish(
     assert first.json()["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
     assert len(second.json()["choices"][0]["token_ids"]) == 70
     assert metrics["vllm:num_preemptions_total"] >= 1
+
+
+async def test_a_request_holding_loaded_kv_runs_before_a_preempted_head_that_cannot() -> None:
+    """The state a fleet run stopped in: a preempted request at the head of D's queue needs
+    more blocks than are free, and a request behind it holds the blocks it loaded from P.
+    As vLLM drains requests holding KV first, that one runs and frees its blocks, then the
+    preempted one resumes: both finish (in queue order, neither would ever run)."""
+    async with running(sim_config("kv_consumer", bidirectional=False, num_blocks=8)) as server:
+        engine = server.engine
+        eos = engine.template.eos_token_id
+        blocked = EngineSequence(
+            GenerationRequest("preempted", _prompt(0, 7, 16), max_tokens=4), "decode"
+        )
+        blocked.answer, blocked.preempted = [eos], True
+        loaded = EngineSequence(
+            GenerationRequest("loaded", _prompt(500, 2, 16), max_tokens=4), "decode"
+        )
+        loaded.blocks = engine.pool.allocate(2)
+        loaded.computed = loaded.external = 32
+        engine._waiting.extend([blocked, loaded])
+        engine._wake.set()
+
+        order: list[str] = []
+
+        async def finished(seq: EngineSequence) -> None:
+            while not isinstance(await seq.events.get(), Finished):
+                pass
+            order.append(seq.request.request_id)
+
+        await asyncio.wait_for(asyncio.gather(finished(loaded), finished(blocked)), timeout=10)
+    assert order == ["loaded", "preempted"]
+
+
+async def test_no_load_takes_blocks_while_a_preempted_request_waits_for_them() -> None:
+    """vLLM allocates blocks for a request's loaded KV when it reaches the head of the queue:
+    not while a preempted request waits there, which would otherwise starve."""
+    async with running(sim_config("kv_consumer", num_blocks=8)) as server:
+        engine = server.engine
+        blocked = EngineSequence(GenerationRequest("preempted", _prompt(0, 7, 16), 4), "decode")
+        blocked.preempted = True
+        engine._waiting.append(blocked)
+        assert not engine._load_may_allocate()
+        load = asyncio.create_task(engine._allocate(2))
+        await asyncio.sleep(0)
+        assert engine.pool.used == 0 and not load.done()
+        engine._waiting.remove(blocked)
+        assert len(await asyncio.wait_for(load, timeout=10)) == 2

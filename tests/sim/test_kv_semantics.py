@@ -5,6 +5,7 @@ The reference for "correct" is always a fresh instance with no kv params and an 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -485,3 +486,46 @@ def test_one_wrong_block_among_loaded_ones_changes_the_answer() -> None:
     loaded.content[copied[2]] = chain(SEED, tokens[:16])  # a block computed for other tokens
     assert loaded.content[copied[-1]] == right.content[computed[-1]]
     assert loaded.fingerprint(copied, len(tokens)) != right.fingerprint(computed, len(tokens))
+
+
+async def test_a_read_waiting_for_blocks_on_d_renews_p_s_lease(
+    client: httpx.AsyncClient, ref: SimServer
+) -> None:
+    """D renews P's lease while a request waits there to read P's blocks (vLLM's heartbeats,
+    docs/vllm-protocol.md §4): a read long after the lease would have ended gets what P
+    computed, and P counts no read after expiry."""
+    async with pd_pair(lease=6.0, d_num_blocks=16) as (p, d):
+        await pd_chat(client, p, d, chat_body([user(LONG * 3)]))  # D's pin fills most of it
+        body = chat_body([user("other " + LONG * 3)])
+        rp = await post(
+            client,
+            p,
+            "/v1/chat/completions",
+            {**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
+        )
+        params = rp.json()["kv_transfer_params"]
+        lease_id = params["remote_request_id"]
+        read = asyncio.create_task(
+            post(client, d, "/v1/chat/completions", {**body, "kv_transfer_params": params})
+        )
+
+        async def state(server: SimServer) -> dict[str, Any]:
+            got: dict[str, Any] = (await client.get(server.url + "/sim/state")).json()
+            return got
+
+        await eventually(
+            lambda: state(d), lambda s: lease_id in s["renewing"], what="D waits for blocks"
+        )
+        for _ in range(2):  # each time past what is left of the lease, renewed in time
+            await post(client, p, "/sim/faults", {"advance_clock": 5})
+            await eventually(
+                lambda: state(p),
+                lambda s: s["leases"].get(lease_id, 0) > 5,
+                what="D's heartbeat renews P's lease",
+            )
+        await post(client, d, "/sim/faults", {"advance_clock": 480})  # the pin ends: room
+        answer = await asyncio.wait_for(read, 10)
+        assert answer.status_code == 200
+        assert output_ids(answer.json()) == await reference(client, ref, body)
+        assert (await state(p))["leases"] == {}
+        assert (await ascrape(client, p.url))["vllm:nixl_num_notifications_after_expiry_total"] == 0

@@ -28,6 +28,7 @@ def sim_config(
     bidirectional: bool = True,
     policy: str = "fail",
     ttl: float = 480.0,
+    lease: float = 30.0,
     threshold: int = 64,
     speed: float = 0.0,
     kv_events: bool = False,
@@ -43,6 +44,7 @@ def sim_config(
                 bidirectional_kv_xfer=bidirectional,
                 kv_recompute_threshold=threshold,
                 decoder_kv_blocks_ttl=ttl,
+                kv_lease_duration=lease,
             ),
         )
     fields: dict[str, Any] = {
