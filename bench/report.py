@@ -11,7 +11,14 @@ from typing import Any
 
 from carryover.bench.runner import TurnRecord
 
-__all__ = ["Slo", "answers_differing", "build_report", "percentile", "render_markdown", "write_report"]
+__all__ = [
+    "Slo",
+    "answers_differing",
+    "build_report",
+    "percentile",
+    "render_markdown",
+    "write_report",
+]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
