@@ -41,6 +41,8 @@ ARMS: dict[str, list[str] | None] = {
     "carryover-decode-local": ["--decode-local-max-tokens", "512"],
     # The index with another price of load in tokens (router/fleet/policy.py); 0: any holding wins.
     "carryover-tokens-per-load": ["--affinity-tokens-per-load", "0"],
+    # The index with another slack: how much busier than the least loaded a holder may be.
+    "carryover-affinity-slack": ["--affinity-slack", "0"],
     # Every P also reaches a simulated warm tier (LMCache's server, docs/warm-tier.md): a turn
     # without a handle loads what the tier holds of its history.
     "carryover-warm": [],
@@ -61,6 +63,7 @@ INDEXED = frozenset(
         "carryover-unchecked",
         "carryover-decode-local",
         "carryover-tokens-per-load",
+        "carryover-affinity-slack",
         "carryover-warm",
     }
 )
@@ -74,6 +77,7 @@ BASELINE = "carryover-no-reuse"
 _SETTING: dict[str, tuple[str, type]] = {
     "carryover-decode-local": ("--decode-local-max-tokens", int),
     "carryover-tokens-per-load": ("--affinity-tokens-per-load", int),
+    "carryover-affinity-slack": ("--affinity-slack", int),
     "carryover-tokens": ("--stream-interval", float),
 }
 
@@ -85,6 +89,7 @@ PEER = "vllm-router"
 def arm_flags(arm: str) -> list[str] | None:
     """The router flags of ``arm``; ``carryover-decode-local:N`` is that arm with N tokens as
     its threshold, ``carryover-tokens-per-load:N`` with N as its price of load,
+    ``carryover-affinity-slack:N`` with N as its slack,
     ``carryover-tokens:S`` with streams derendered at least every S seconds (to measure
     several in one run)."""
     name, _, setting = arm.partition(":")

@@ -112,6 +112,7 @@ def test_prompt_tokens_are_reported_per_answered_turn() -> None:
 def test_decode_local_arms_take_their_threshold_from_the_name() -> None:
     assert arm_flags("carryover-decode-local:128") == ["--decode-local-max-tokens", "128"]
     assert arm_flags("carryover-tokens-per-load:64") == ["--affinity-tokens-per-load", "64"]
+    assert arm_flags("carryover-affinity-slack:1") == ["--affinity-slack", "1"]
     assert arm_flags("carryover-tokens:0.02")[-2:] == ["--stream-interval", "0.02"]
     assert arm_flags("carryover-no-reuse") == ["--no-reuse"]
     assert arm_flags("colocated") is None
