@@ -75,8 +75,8 @@ test-fast: bootstrap redis-server prometheus valgrind ## everything but the real
 test-vllm: bootstrap redis-server vllm-env ## the real-vLLM tier alone
 	@$(UV) run pytest -m real $(PYTEST_ARGS)
 
-test-render-diff: bootstrap vllm-env ## the router's message preparation against vLLM's own code (no engine)
-	@CARRYOVER_RENDER_DIFF=1 $(UV) run pytest -m real tests/real/test_render_vllm.py $(PYTEST_ARGS)
+test-render-diff: bootstrap vllm-env ## the router's rendering against vLLM's own code alone (no engine)
+	@$(UV) run pytest -m real tests/real/test_render_vllm.py $(PYTEST_ARGS)
 
 lint: bootstrap ## ruff and mypy
 	@$(UV) run ruff check . && $(UV) run ruff format --check . && $(UV) run mypy

@@ -32,6 +32,8 @@ ARMS: dict[str, list[str] | None] = {
     "carryover-no-reuse": ["--no-reuse"],
     # Turns ending on a full D keep their pins: relief alone gives them back.
     "carryover-keep-pins": ["--decode-kv-pin-limit", "2"],
+    # Another pin limit (``carryover-pin-limit:0.5``): no new pin on a D at that use or more.
+    "carryover-pin-limit": ["--decode-kv-pin-limit", "0.8"],
     "carryover-unchecked": ["--planner", "carryover.bench.unchecked:plan_unchecked"],
     # Two worker processes sharing state in a local redis-server (started for the arm).
     "carryover-workers": ["--workers", "2"],
@@ -59,6 +61,7 @@ INDEXED = frozenset(
         "carryover",
         "carryover-always-pull",
         "carryover-keep-pins",
+        "carryover-pin-limit",
         "carryover-workers",
         "carryover-unchecked",
         "carryover-decode-local",
@@ -78,6 +81,7 @@ _SETTING: dict[str, tuple[str, type]] = {
     "carryover-decode-local": ("--decode-local-max-tokens", int),
     "carryover-tokens-per-load": ("--affinity-tokens-per-load", int),
     "carryover-affinity-slack": ("--affinity-slack", int),
+    "carryover-pin-limit": ("--decode-kv-pin-limit", float),
     "carryover-tokens": ("--stream-interval", float),
 }
 

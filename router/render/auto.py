@@ -129,6 +129,16 @@ def probe_chats() -> list[dict[str, Any]]:
             "chat_template_kwargs": {"enable_thinking": False},
         },
         {"messages": messages[-1:], "chat_template_kwargs": {"enable_thinking": False}},
+        # A developer message after the system one: a template that does not name the role
+        # gets one system message (vLLM's rule, router/render/messages.py).
+        {
+            "messages": [
+                messages[0],
+                {"role": "user", "content": "Hi."},
+                {"role": "developer", "content": "Answer in French."},
+                {"role": "user", "content": "Bye."},
+            ]
+        },
     ]
 
 

@@ -16,17 +16,24 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from tokenizers import Tokenizer
 
 from carryover.router.render.fast_bpe import fast_bpe_for
 from carryover.router.render.messages import (
     RenderDeclined,
     RenderInputError,
+    template_names_developer,
     vllm_messages,
     vllm_tools,
 )
 from carryover.router.render.sandbox import ChatTemplateSandbox
 from carryover.router.render.spans import SpanEncoder
+from carryover.router.render.template_files import (
+    CHAT_TEMPLATE_FILE,
+    SPECIAL_TOKEN_NAMES,
+    read_template_files,
+)
 
 __all__ = ["ChatTemplate", "RenderDeclined", "RenderInputError", "bundled_qwen3_dir"]
 
@@ -73,6 +80,76 @@ def _warm_messages(answer: str) -> list[dict[str, str]]:
     ]
 
 
+#: What vLLM hands ``apply_chat_template`` from ``chat_template_kwargs`` beyond the template's
+#: variables (its signature's parameters, vllm/renderers/hf.py
+#: ``_get_hf_base_chat_template_params``): they pad, truncate or reshape what it returns.
+_APPLY_CHAT_TEMPLATE_ARGS = frozenset(
+    {
+        "conversation",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """``transformers``' filter: ``json.dumps`` without Jinja's HTML escaping."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _strftime_now(format: str) -> str:
+    # vLLM renders today's date on P's clock: P renders this turn rather than a router
+    # whose date could differ (docs/rendering.md).
+    raise RenderDeclined("the template reads the date (strftime_now)")
+
+
+class _Compiled:
+    """One template, compiled in the environment ``transformers`` gives templates
+    (``utils/chat_template_utils.py``, ``_cached_compile_jinja_template``)."""
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str | None]) -> None:
+        env = ChatTemplateSandbox(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self.jinja = env.from_string(source)
+            variables = jinja2.meta.find_undeclared_variables(env.parse(source))
+        except jinja2.TemplateSyntaxError as exc:
+            raise FileNotFoundError(f"the chat template does not compile: {exc}") from exc
+        self.developer_role = template_names_developer(source)
+        #: Special tokens it reads that the files do not set (a class default may).
+        self.unknown_tokens = sorted(
+            name for name in SPECIAL_TOKEN_NAMES if name in variables and name not in special_tokens
+        )
+
+    def check_renderable(self) -> None:
+        if self.unknown_tokens:
+            raise RenderDeclined(
+                f"the template reads {', '.join(self.unknown_tokens)}, which the tokenizer "
+                "files do not set"
+            )
+
+
 class ChatTemplate:
     """Tokenizer and chat template of one model.
 
@@ -82,15 +159,17 @@ class ChatTemplate:
     def __init__(self, folder: Path, *, fast_spans: bool = False) -> None:
         config = json.loads((folder / "tokenizer_config.json").read_text())
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        template = config.get("chat_template")
-        if not isinstance(template, str):
-            raise FileNotFoundError(f"no chat_template in {folder}/tokenizer_config.json")
-        env = ChatTemplateSandbox(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-        )
-        env.filters["tojson"] = lambda value, **_: json.dumps(value, ensure_ascii=False)
-        self._template = env.from_string(template)
-        self.eos_token: str = config.get("eos_token") or ""
+        files = read_template_files(folder, config)
+        if not files.templates:
+            raise FileNotFoundError(
+                f"no chat template in {folder} (tokenizer_config.json or {CHAT_TEMPLATE_FILE})"
+            )
+        self._files = files
+        self._special_tokens = files.special_token_variables()
+        self._templates = {
+            source: _Compiled(source, files.special_tokens) for source in files.templates.values()
+        }
+        self.eos_token: str = self._special_tokens.get("eos_token") or ""
         self.eos_token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
         fast = fast_bpe_for(folder, self.tokenizer) if fast_spans else None
@@ -109,13 +188,24 @@ class ChatTemplate:
         tools: Sequence[Any] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        prepared = vllm_messages(messages)
+        prepared_tools = vllm_tools(tools)
+        if self._files.processor:
+            raise RenderDeclined("the model has a processor, whose template vLLM may use")
+        source = self._files.template_for(prepared_tools)
+        if source is None:
+            raise RenderDeclined("no default chat template among the model's named ones")
+        template = self._templates[source]
+        template.check_renderable()
+        kwargs = dict(chat_template_kwargs or {})
+        if _APPLY_CHAT_TEMPLATE_ARGS & kwargs.keys():
+            raise RenderDeclined("chat_template_kwargs that change how vLLM tokenizes")
         try:
-            return self._template.render(
-                messages=prepared,
-                tools=vllm_tools(tools),
+            return template.jinja.render(
+                messages=vllm_messages(messages, developer_role=template.developer_role),
+                tools=prepared_tools,
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
-                **dict(chat_template_kwargs or {}),
+                **{**self._special_tokens, **kwargs},
             )
         except jinja2.TemplateError as exc:
             raise RenderInputError(f"chat template failed: {exc}") from exc
@@ -173,7 +263,7 @@ class ChatTemplate:
                 add_generation_prompt=False,
                 chat_template_kwargs=chat_template_kwargs,
             )
-        except RenderInputError:
+        except (RenderInputError, RenderDeclined):
             return None
 
     def _frame(self, chat_template_kwargs: Mapping[str, Any] | None) -> tuple[str, str] | None:
@@ -184,7 +274,7 @@ class ChatTemplate:
                 add_generation_prompt=False,
                 chat_template_kwargs=chat_template_kwargs,
             )
-        except RenderInputError:
+        except (RenderInputError, RenderDeclined):
             return None
         if text.count(_ANSWER_MARK) != 1:
             return None

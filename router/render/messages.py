@@ -18,7 +18,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RenderDeclined", "RenderInputError", "vllm_messages", "vllm_tools"]
+__all__ = [
+    "RenderDeclined",
+    "RenderInputError",
+    "template_names_developer",
+    "vllm_messages",
+    "vllm_tools",
+]
 
 
 class RenderInputError(ValueError):
@@ -177,14 +183,62 @@ def _message(message: Any) -> dict[str, Any]:
     return result
 
 
-def vllm_messages(messages: Any) -> list[dict[str, Any]]:
-    """``messages`` as vLLM's chat preprocessing hands them to a string-content template."""
+def vllm_messages(messages: Any, *, developer_role: bool = True) -> list[dict[str, Any]]:
+    """``messages`` as vLLM's chat preprocessing hands them to a string-content template.
+    ``developer_role``: the template names the role; where it does not, vLLM makes developer
+    messages system ones and merges every system message into one, first."""
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
         raise RenderInputError("messages must be a list")
     prepared = [_message(m) for m in messages]
     if not prepared:
         raise RenderInputError("messages must not be empty")
+    if not developer_role and any(m["role"] == "developer" for m in prepared):
+        return _one_system_message(_developer_as_system(prepared))
     return prepared
+
+
+def template_names_developer(template: str) -> bool:
+    """Whether vLLM leaves developer messages to ``template`` (it looks for the quoted role,
+    vllm/renderers/hf.py ``_detect_developer_role_support``)."""
+    return '"developer"' in template or "'developer'" in template
+
+
+def _developer_as_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM 0.32, ``_convert_developer_to_system``: the role renamed, its ``tools`` dropped."""
+    converted = []
+    for message in messages:
+        if message["role"] == "developer":
+            message = {k: v for k, v in message.items() if k != "tools"}
+            message["role"] = "system"
+        converted.append(message)
+    return converted
+
+
+def _one_system_message(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM 0.32, ``_consolidate_system_messages``: where a system message is not alone and
+    first, one system message first, holding the non-empty contents joined by a blank line
+    (their other keys dropped), then the rest in order."""
+    contents: list[str] = []
+    rest: list[dict[str, Any]] = []
+    merge = False
+    for i, message in enumerate(messages):
+        if message["role"] != "system":
+            rest.append(message)
+            continue
+        if i > 0 or contents:
+            merge = True
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                part["text"] if isinstance(part, dict) else part
+                for part in content
+                if (isinstance(part, dict) and "text" in part) or isinstance(part, str)
+            )
+        if content:
+            contents.append(content)
+    if not merge:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(contents)}, *rest]
 
 
 def _optional(value: Any, kind: type, what: str) -> Any:

@@ -58,13 +58,24 @@ def _phase(item: pytest.Item) -> int | None:
     return None if marker is None else PHASES.index(marker.args[0])
 
 
+#: Tests of this tier that start no engine: they run before the first engine starts, so that
+#: no engine shares the CPU with them.
+_BEFORE_ENGINES = ("test_render_vllm.py",)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tier's tests in the order of ``PHASES`` (stable within a phase), in the places the
-    tier's tests already hold in the run: each configuration then starts once."""
+    tier's tests already hold in the run: each configuration then starts once. Those of
+    ``_BEFORE_ENGINES`` go before all of them."""
     places = [i for i, item in enumerate(items) if _phase(item) is not None]
     ordered = sorted((items[i] for i in places), key=lambda item: _phase(item) or 0)
     for place, item in zip(places, ordered, strict=True):
         items[place] = item
+    early = [item for item in items if item.path.name in _BEFORE_ENGINES]
+    if early and places:
+        rest = [item for item in items if item.path.name not in _BEFORE_ENGINES]
+        first = rest.index(items[places[0]]) if items[places[0]] in rest else 0
+        items[:] = rest[:first] + early + rest[first:]
 
 
 class Engines:

@@ -1,7 +1,10 @@
 """Runs inside the vLLM environment (not carryover's): reads chat requests as JSON lines on
 stdin and writes, for each, what vLLM's own code hands the chat template: the messages after
 its request model and chat preprocessing, and the tools as its model dumps them; or the
-error it raises. No engine, no model: only vLLM's request parsing.
+error it raises. With model folders as arguments, also the prompt's ids for each, rendered
+and tokenized by vLLM's renderer (``vllm/renderers/hf.py``, ``safe_apply_chat_template``,
+with the kwargs its online renderer builds) through ``transformers``. No engine, no model
+weights: only vLLM's request parsing and rendering.
 
 vLLM 0.32: ``vllm.renderers.chat_utils`` (``_parse_chat_message_content``,
 ``_postprocess_messages``); 0.33 moved them to ``vllm.renderers.chat_utils.chat_message``.
@@ -9,6 +12,7 @@ vLLM 0.32: ``vllm.renderers.chat_utils`` (``_parse_chat_message_content``,
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from types import SimpleNamespace
@@ -60,12 +64,47 @@ def prepare(body: dict[str, Any]) -> dict[str, Any]:
     return {"messages": conversation, "tools": tools}
 
 
+def render(body: dict[str, Any], prepared: dict[str, Any], folder: str, tokenizer: Any) -> Any:
+    """The prompt's ids as vLLM's online renderer builds them (``preprocess_chat``), or the
+    error it raises."""
+    from vllm.renderers.hf import safe_apply_chat_template  # type: ignore[import-not-found]
+
+    request = ChatCompletionRequest.model_validate(body)
+    kwargs = (
+        request.build_chat_params(None, "string")
+        .with_defaults({"tools": prepared["tools"], "tokenize": False})
+        .get_apply_chat_template_kwargs()
+    )
+    model_config = SimpleNamespace(
+        tokenizer=folder,
+        model=folder,
+        tokenizer_revision=None,
+        code_revision=None,
+        trust_remote_code=False,
+        hf_config=SimpleNamespace(model_type=None),
+    )
+    try:
+        text = safe_apply_chat_template(
+            model_config, tokenizer, copy.deepcopy(prepared["messages"]), **kwargs
+        )
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
 def main() -> None:
+    from transformers import AutoTokenizer  # type: ignore[import-not-found]
+
+    folders = sys.argv[1:]
+    tokenizers = {f: AutoTokenizer.from_pretrained(f) for f in folders}
     for line in sys.stdin:
+        body = json.loads(line)
         try:
-            out: dict[str, Any] = prepare(json.loads(line))
+            out: dict[str, Any] = prepare(body)
         except Exception as exc:  # what vLLM refuses, whatever its class
             out = {"error": f"{type(exc).__name__}: {exc}"}
+        else:
+            out["ids"] = {f: render(body, out, f, tokenizers[f]) for f in folders}
         sys.stdout.write(json.dumps(out) + "\n")
 
 

@@ -121,4 +121,8 @@ def random_chat(rng: random.Random) -> dict[str, Any]:
     body: dict[str, Any] = {"model": "m", "messages": messages}
     if rng.random() < 0.5:
         body["tools"] = [_tool(rng) for _ in range(rng.randint(0, 2))]
+    if rng.random() < 0.3:
+        body["add_generation_prompt"] = rng.random() < 0.5
+    if rng.random() < 0.3:
+        body["chat_template_kwargs"] = {"enable_thinking": rng.random() < 0.5}
     return body
