@@ -43,7 +43,9 @@ class SimEngine(NixlTransfer):
         self.config = config
         self.template = template
         self.planner = AnswerPlanner(template, noncanonical=config.noncanonical_outputs)
-        self.metrics = EngineMetrics(config.served_model_name)
+        self.metrics = EngineMetrics(
+            config.served_model_name, num_blocks=config.num_blocks, block_size=config.block_size
+        )
         self.engine_id = config.new_engine_id()
         self.pool = self._new_pool()
         self.kv_events: KvEventPublisher | None = None

@@ -16,7 +16,7 @@ __all__ = ["EngineMetrics"]
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, *, num_blocks: int = 0, block_size: int = 16) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
@@ -42,6 +42,13 @@ class EngineMetrics:
             "sim:pinned_kv_usage_perc",
             "Share of the KV cache held by pinned turns (1 = 100%, sim only).",
         )
+        # vLLM's CacheConfig.metrics_info: every field a label of an info gauge set to 1.
+        Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ["block_size", "num_gpu_blocks", "engine"],
+            registry=self.registry,
+        ).labels(str(block_size), str(num_blocks), "0").set(1)
         self._queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
         self._hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
         self._by_source = counter(

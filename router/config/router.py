@@ -247,7 +247,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         about(
             "A decode instance's KV cache use at which turns ending there keep no pin (their "
             "handle is given back at once): relief frees what is held, not what keeps "
-            "arriving; above 1: never (bench/RESULTS.md, pressure)."
+            "arriving; above 1: never (bench/RESULTS.md, pressure). Below it, a turn keeps "
+            "its pin only if D keeps room for another turn of its size (docs/handles.md)."
         ),
     ] = 0.8
     breaker_failures: Annotated[

@@ -1,12 +1,17 @@
-"""The figures the router reads from an engine's ``/metrics``: load, KV usage and the
-process's start time (a restart), one number each."""
+"""The figures the router reads from an engine's ``/metrics``: load, KV usage, the KV cache's
+size and the process's start time (a restart), one number each."""
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable
 
-__all__ = ["parse_gauges"]
+__all__ = ["KV_CAPACITY_TOKENS", "parse_gauges"]
+
+#: Tokens of KV one rank's cache holds: ``num_gpu_blocks`` times ``block_size``, labels of
+#: ``vllm:cache_config_info`` (vLLM's CacheConfig.metrics_info); the smallest rank's.
+KV_CAPACITY_TOKENS = "kv_capacity_tokens"
+_CACHE_INFO = "vllm:cache_config_info"
 
 #: The engine gauges read, and how the label sets of one (an engine's data-parallel ranks, each
 #: with its own ``engine`` label) combine: requests add up; a cache's usage is a fraction of
@@ -32,6 +37,11 @@ def parse_gauges(text: str) -> dict[str, float]:
         if name_end < 0:
             continue
         name = line[:name_end]
+        if name == _CACHE_INFO:
+            capacity = _capacity(line)
+            if capacity is not None:
+                values[KV_CAPACITY_TOKENS] = min(values.get(KV_CAPACITY_TOKENS, capacity), capacity)
+            continue
         combine = _GAUGES.get(name)
         if combine is not None:
             try:
@@ -40,3 +50,22 @@ def parse_gauges(text: str) -> dict[str, float]:
                 continue
             values[name] = combine(values[name], value) if name in values else value
     return values
+
+
+def _label(line: str, name: str) -> str | None:
+    start = line.find(f'{name}="')
+    if start < 0:
+        return None
+    start += len(name) + 2
+    end = line.find('"', start)
+    return line[start:end] if end >= 0 else None
+
+
+def _capacity(line: str) -> float | None:
+    """Tokens of KV in the cache ``vllm:cache_config_info``'s line describes (None before the
+    engine has sized its cache, or on a line without both labels)."""
+    blocks, size = _label(line, "num_gpu_blocks"), _label(line, "block_size")
+    try:
+        return float(int(blocks or "") * int(size or ""))
+    except ValueError:
+        return None

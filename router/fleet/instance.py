@@ -89,6 +89,7 @@ class Instance:
     running: float = 0.0
     waiting: float = 0.0
     kv_usage: float = 0.0
+    kv_capacity: float = 0.0  # tokens of KV its cache holds (0: not known)
     start_time: float | None = None
     version: str | None = None
     epoch: int = 0

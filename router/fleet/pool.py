@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from carryover.router.config import InstanceConfig, ModelConfig, RouterConfig
-from carryover.router.engines.gauges import parse_gauges
+from carryover.router.engines.gauges import KV_CAPACITY_TOKENS, parse_gauges
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError
 from carryover.router.fleet.discovery import DnsSet, Resolver, members_of, resolve
@@ -315,6 +315,7 @@ class InstancePool:
         instance.running = gauges.get("vllm:num_requests_running", instance.running)
         instance.waiting = gauges.get("vllm:num_requests_waiting", instance.waiting)
         instance.kv_usage = gauges.get("vllm:kv_cache_usage_perc", instance.kv_usage)
+        instance.kv_capacity = gauges.get(KV_CAPACITY_TOKENS, instance.kv_capacity)
         if instance.version is None or restarted:
             await self._read_version(instance)
         if restarted:

@@ -11,8 +11,9 @@ conversations least likely to come back soon) and releases
 them through P, as a DELETE does, until what it expects to free brings usage to ``low_water``.
 A released conversation's next turn is cold; nothing is ever sent twice (claims are atomic,
 also between replicas). While a D is at or above ``decode_kv_pin_limit`` (by default the same
-mark), turns ending there keep no pin either (``keeps_new_pins``): relief frees what is held,
-not what keeps arriving. Every worker of every replica probes the same usage, so each decode
+mark), or has less room left than the finished turn's own size, turns ending there keep no pin
+either (``keeps_new_pins``): relief frees what is held, not what keeps arriving. Every worker
+of every replica probes the same usage, so each decode
 instance is relieved by one process per interval, fleet-wide (``Store.take_turn``): N
 processes give back what one would.
 """
@@ -40,11 +41,19 @@ Release = Callable[[Instance, Record], Awaitable[bool]]
 _RELEASES_AT_ONCE = 16  # one-token P requests: a burst of them must not crowd out turns
 
 
-def keeps_new_pins(usage: float, *, limit: float) -> bool:
-    """Whether a turn ending on a D at ``usage`` keeps its pin: not at or above ``limit``.
-    Relief frees what is held; under a steady stream of turns the pins that arrive meanwhile
-    would take its place, so a full D takes no new ones."""
-    return usage < limit
+def keeps_new_pins(
+    usage: float, *, limit: float, pinned_tokens: int = 0, capacity: float = 0.0
+) -> bool:
+    """Whether a turn ending on a D at ``usage`` keeps its pin of ``pinned_tokens``: not at or
+    above ``limit``, and only if the D keeps room for another request of that size
+    (``capacity``: tokens its cache holds; 0, not known, skips that rule). Relief frees what is
+    held; under a steady stream of turns the pins that arrive meanwhile would take its place,
+    so a full D takes no new ones. And where one conversation's context is a large share of
+    D, a limit in shares of D is not enough: pins up to it leave too little room to admit the
+    next such turn, which waits until relief or a pin's TTL makes some."""
+    if usage >= limit:
+        return False
+    return capacity <= 0 or (1.0 - usage) * capacity >= pinned_tokens
 
 
 def share_to_release(usage: float, held: int, *, high_water: float, low_water: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from carryover.router.fleet.instance import Instance, streams_handles
 from carryover.router.fleet.pressure import keeps_new_pins
@@ -51,7 +52,10 @@ async def commit(
     held = svc.ledger.hold(Origin.DECODED)
     refused = _not_storable(req, prepared, output, decode)
     if refused is None and not keeps_new_pins(
-        decode.kv_usage, limit=svc.config.decode_kv_pin_limit
+        decode.kv_usage,
+        limit=svc.config.decode_kv_pin_limit,
+        pinned_tokens=_pinned_tokens(handle),
+        capacity=decode.kv_capacity,
     ):
         refused = ReleaseCause.DECODE_FULL
     if refused is not None:
@@ -140,3 +144,9 @@ def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) 
         svc.release_later(req, held, committed.replaced.handle, ReleaseCause.REPLACED)
     elif committed.withheld:
         svc.ledger.lost(Origin.REPLACED, LeftToExpire.NOT_DURABLE)
+
+
+def _pinned_tokens(handle: dict[str, Any]) -> int:
+    """Tokens D pinned for the handle (its ``remote_num_tokens``; 0 when it does not say)."""
+    tokens = handle.get("remote_num_tokens")
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0

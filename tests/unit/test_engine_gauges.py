@@ -3,7 +3,7 @@ of data-parallel ranks behind the engine."""
 
 from __future__ import annotations
 
-from carryover.router.engines.gauges import parse_gauges
+from carryover.router.engines.gauges import KV_CAPACITY_TOKENS, parse_gauges
 
 TWO_RANKS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -36,3 +36,14 @@ def test_one_rank_reads_as_it_is() -> None:
     gauges = parse_gauges(one)
     assert gauges["vllm:kv_cache_usage_perc"] == 0.6
     assert gauges["vllm:num_requests_running"] == 3.0
+
+
+def test_the_kv_cache_s_size_in_tokens_is_the_smallest_rank_s() -> None:
+    info = (
+        'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
+        'num_gpu_blocks="4096"} 1.0\n'
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2048"} 1.0\n'
+        'vllm:cache_config_info{block_size="16",engine="2",num_gpu_blocks="None"} 1.0\n'
+    )
+    assert parse_gauges(TWO_RANKS + info)[KV_CAPACITY_TOKENS] == 2048 * 16
+    assert KV_CAPACITY_TOKENS not in parse_gauges(TWO_RANKS)

@@ -31,5 +31,24 @@ def test_a_decode_at_the_mark_keeps_no_new_pins(usage: float, kept: bool) -> Non
     assert keeps_new_pins(usage, limit=0.8) is kept
 
 
+@pytest.mark.parametrize(
+    ("usage", "pinned", "kept"),
+    [
+        (0.5, 50_000, True),  # half of 100k tokens left: room for another such turn
+        (0.5, 50_001, False),
+        (0.1, 95_000, False),  # far below the limit, but the turn is most of D
+        (0.79, 1_000, True),
+    ],
+)
+def test_a_pin_is_kept_only_with_room_left_for_another_turn_of_its_size(
+    usage: float, pinned: int, kept: bool
+) -> None:
+    assert keeps_new_pins(usage, limit=0.8, pinned_tokens=pinned, capacity=100_000) is kept
+
+
+def test_an_unknown_capacity_leaves_the_limit_alone() -> None:
+    assert keeps_new_pins(0.5, limit=0.8, pinned_tokens=10**9, capacity=0)
+
+
 def test_a_mark_above_one_keeps_every_pin() -> None:
     assert keeps_new_pins(1.0, limit=1.01)

@@ -57,6 +57,7 @@ class FakeEngine:
     # that ignores forwarded ids would
     own_ids: bool = False
     kv_usage: float = 0.0  # what its /metrics reports as vllm:kv_cache_usage_perc
+    kv_blocks: int | None = None  # vllm:cache_config_info's num_gpu_blocks (None: not shown)
 
     @property
     def url(self) -> str:
@@ -125,7 +126,13 @@ class FakeFleet(httpx.AsyncBaseTransport):
             return httpx.Response(
                 200,
                 text=f"process_start_time_seconds {self.start_time}\n"
-                f"vllm:kv_cache_usage_perc {engine.kv_usage}\n",
+                f"vllm:kv_cache_usage_perc {engine.kv_usage}\n"
+                + (
+                    f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{engine.kv_blocks}"}}'
+                    " 1.0\n"
+                    if engine.kv_blocks is not None
+                    else ""
+                ),
             )
         if path == "/version":
             return httpx.Response(200, json={"version": "0.33.0"})

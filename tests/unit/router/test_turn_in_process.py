@@ -110,6 +110,27 @@ async def test_a_turn_ending_on_a_full_decode_keeps_no_pin(rig: Rig) -> None:
     assert (status, path) == (200, "reuse")
 
 
+async def test_a_turn_too_large_for_what_its_decode_has_left_keeps_no_pin(rig: Rig) -> None:
+    """Below the pin limit, but with less room left on D than the turn's own size: pins up
+    to the limit would leave no room to admit the next such turn."""
+    first = await rig.chat(history(1))
+    assert first[:2] == (200, "cold-miss")
+    pinned = next(iter(rig.d.holds.values())).tokens  # turn 2's pin is larger still
+    rig.d.kv_usage = 0.5  # below the limit (0.8)
+    rig.d.kv_blocks = -(-2 * pinned // 16) - 1  # half of it free: a token short of the turn
+    await rig.app.state.services.pool.probe_all()
+    status, path, _ = await rig.chat(history(2))
+    assert (status, path) == (200, "reuse")
+    assert rig.d.holds == {} and len(rig.p.releases) == 1
+    metrics = (await rig.client.get("/metrics")).text
+    assert 'carryover_handles_released_total{cause="decode_full"} 1.0' in metrics
+    rig.d.kv_blocks *= 8  # room for it: the next turn's pin is kept
+    await rig.app.state.services.pool.probe_all()
+    await rig.chat(history(3))
+    status, path, _ = await rig.chat(history(4))
+    assert (status, path) == (200, "reuse")
+
+
 async def test_an_expired_record_is_never_sent(rig: Rig) -> None:
     await rig.chat(history(1))
     rig.now[0] += 480 - 5 - 25  # the record's lifetime, on the router's clock
