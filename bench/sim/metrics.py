@@ -46,9 +46,9 @@ class EngineMetrics:
         Gauge(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
-            ["block_size", "num_gpu_blocks", "engine"],
+            ["block_size", "num_gpu_blocks", "kv_cache_size_tokens", "engine"],
             registry=self.registry,
-        ).labels(str(block_size), str(num_blocks), "0").set(1)
+        ).labels(str(block_size), str(num_blocks), str(num_blocks * block_size), "0").set(1)
         self._queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
         self._hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
         self._by_source = counter(

@@ -8,8 +8,10 @@ from collections.abc import Callable
 
 __all__ = ["KV_CAPACITY_TOKENS", "parse_gauges"]
 
-#: Tokens of KV one rank's cache holds: ``num_gpu_blocks`` times ``block_size``, labels of
-#: ``vllm:cache_config_info`` (vLLM's CacheConfig.metrics_info); the smallest rank's.
+#: Tokens of KV one rank's cache holds, from labels of ``vllm:cache_config_info`` (vLLM's
+#: CacheConfig.metrics_info): ``kv_cache_size_tokens``, each rank's own; else ``num_gpu_blocks``
+#: times ``block_size``, which vLLM 0.32 sums over data-parallel ranks
+#: (``v1/engine/core_client.py``). The smallest of the lines.
 KV_CAPACITY_TOKENS = "kv_capacity_tokens"
 _CACHE_INFO = "vllm:cache_config_info"
 
@@ -63,7 +65,11 @@ def _label(line: str, name: str) -> str | None:
 
 def _capacity(line: str) -> float | None:
     """Tokens of KV in the cache ``vllm:cache_config_info``'s line describes (None before the
-    engine has sized its cache, or on a line without both labels)."""
+    engine has sized its cache, or on a line without the labels)."""
+    try:
+        return float(int(_label(line, "kv_cache_size_tokens") or ""))
+    except ValueError:
+        pass
     blocks, size = _label(line, "num_gpu_blocks"), _label(line, "block_size")
     try:
         return float(int(blocks or "") * int(size or ""))

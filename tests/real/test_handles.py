@@ -14,6 +14,7 @@ import pytest
 
 from carryover.bench.real.launch import VllmPair
 from carryover.bench.redis_server import RedisServer
+from carryover.router.engines.gauges import KV_CAPACITY_TOKENS, parse_gauges
 from carryover.router.http.auth import DEFAULT_TENANT
 from carryover.state import ConversationKey, RedisStore
 from tests.real.conftest import D_TTL
@@ -59,6 +60,12 @@ async def test_release_and_delete_free_decode_blocks_at_once(
         // BLOCK
     )
     total_blocks = round(blocks1 / (u1 - u0))  # D pins exactly the turn's blocks
+    # The cache's size the router reads from vLLM's /metrics (the pin rule's capacity) is the
+    # one D's usage gauge is a fraction of (vLLM derives kv_cache_size_tokens from its
+    # concurrency at max_model_len: within a few percent).
+    metrics = (await client.get(d_url + "/metrics")).text
+    capacity = parse_gauges(metrics)[KV_CAPACITY_TOKENS]
+    assert capacity == pytest.approx(total_blocks * BLOCK, rel=0.05)
     # The same conversation id with an unrelated history: nothing is reusable, so the old
     # handle goes to P with remote_num_tokens 0 and D frees it while this turn runs.
     other = [{"role": "user", "content": "x " + text(nonce + "b", 0, 30)}]

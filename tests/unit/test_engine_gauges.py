@@ -47,3 +47,13 @@ def test_the_kv_cache_s_size_in_tokens_is_the_smallest_rank_s() -> None:
     )
     assert parse_gauges(TWO_RANKS + info)[KV_CAPACITY_TOKENS] == 2048 * 16
     assert KV_CAPACITY_TOKENS not in parse_gauges(TWO_RANKS)
+
+
+def test_each_rank_s_own_size_wins_over_blocks_summed_over_ranks() -> None:
+    """vLLM sums num_gpu_blocks over data-parallel ranks; kv_cache_size_tokens is per rank."""
+    info = "".join(
+        f'vllm:cache_config_info{{block_size="16",engine="{rank}",kv_cache_size_tokens="65536",'
+        f'num_gpu_blocks="8192"}} 1.0\n'
+        for rank in (0, 1)
+    )
+    assert parse_gauges(TWO_RANKS + info)[KV_CAPACITY_TOKENS] == 65536
