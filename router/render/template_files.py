@@ -9,8 +9,8 @@ vLLM 0.32 runs) finds them, and the template a request renders with.
 - Special tokens: the named ones (``bos_token`` ... ``mask_token``) reach every template as
   strings (``special_tokens_map``), from ``tokenizer_config.json``, else the legacy
   ``special_tokens_map.json``. One neither file sets may still have a default in the
-  tokenizer's class, which the router cannot know: a template that reads it is
-  :attr:`TemplateFiles.unknown_tokens`, and renders on P.
+  tokenizer's class, which the router cannot know: a template that reads it renders on P
+  (``chat_template.py``).
 - A processor's files: vLLM may then render a request without tools with the processor's
   template (``vllm/renderers/hf.py``, ``_try_get_processor_chat_template``), so the router
   does not render such a model.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -52,7 +53,8 @@ async def test_a_turn_is_traced_leg_by_leg_under_the_clients_trace(tmp_path: Pat
         running(sim_config("kv_consumer", threshold=16)) as d,
         httpx.AsyncClient(timeout=30) as client,
     ):
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        # Batches leave only at shutdown: what is exported is what the shutdown flushed.
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "600000"}
         router = RouterProcess(router_args([p], [d]), tmp_path, env=env)
         await router.start()
         try:
@@ -72,7 +74,9 @@ async def test_a_turn_is_traced_leg_by_leg_under_the_clients_trace(tmp_path: Pat
             assert (first.status, second.status, second.path) == (200, 200, "reuse")
             state = (await client.get(d.url + "/sim/state")).json()
         finally:
-            router.stop()  # shutdown flushes what is still batched
+            # Shutdown flushes what is still batched, to the receiver in this event loop: the
+            # stop waits in a thread, so that the loop can take the export.
+            await asyncio.to_thread(router.stop)
 
         async def ours_count() -> int:
             return sum(1 for s in spans if s.trace_id.hex() == trace_id)
