@@ -250,12 +250,6 @@ class SimEngine(NixlTransfer):
             (seq for seq in self._waiting if seq.external and not seq.preempted), self._waiting[0]
         )
 
-    def _load_may_allocate(self) -> bool:
-        """Whether a request may take blocks for KV it loads from another instance now.
-        vLLM allocates them when the request reaches the head of its waiting queue, so not
-        while a preempted request waits there for blocks to recompute."""
-        return not any(seq.preempted for seq in self._waiting)
-
     def _preempt(self) -> None:
         """No free block for a running request's next token: as vLLM's scheduler does
         (recompute preemption), the request admitted last gives its blocks back and waits at

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from carryover.bench.sim.config import SimConfig
@@ -37,6 +38,7 @@ class NixlTransfer:
     engine_id: str
     warm_tier: WarmTierClient | None
     _holds: dict[str, Hold]
+    _waiting: deque[EngineSequence]  # the scheduler's queue
     # D's reads of P's blocks not done yet, by P's side channel: (host, port, engine id) to
     # P's request ids, whose leases D renews (§4).
     _lease_renewals: dict[tuple[str, int, str], set[str]]
@@ -215,7 +217,10 @@ class NixlTransfer:
             self.metrics.failed_transfer(expired=False)
 
     def _load_may_allocate(self) -> bool:
-        raise NotImplementedError  # the engine's scheduler decides
+        """Whether a request may take blocks for KV it loads from another instance now.
+        vLLM allocates them when the request reaches the head of its waiting queue, so not
+        while a preempted request waits there for blocks to recompute."""
+        return not any(seq.preempted for seq in self._waiting)
 
     async def _allocate(self, count: int) -> list[int]:
         """Blocks for KV loaded from elsewhere, once the scheduler lets loads take any and

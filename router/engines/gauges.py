@@ -55,12 +55,14 @@ def parse_gauges(text: str) -> dict[str, float]:
 
 
 def _label(line: str, name: str) -> str | None:
-    start = line.find(f'{name}="')
-    if start < 0:
-        return None
-    start += len(name) + 2
-    end = line.find('"', start)
-    return line[start:end] if end >= 0 else None
+    """The value of label ``name`` (not of one whose name ends with it: ``mamba_block_size``)."""
+    for opening in ("{", ","):
+        start = line.find(f'{opening}{name}="')
+        if start >= 0:
+            start += len(name) + 3
+            end = line.find('"', start)
+            return line[start:end] if end >= 0 else None
+    return None
 
 
 def _capacity(line: str) -> float | None:

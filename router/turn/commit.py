@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from carryover.router.fleet.instance import Instance, streams_handles
 from carryover.router.fleet.pressure import keeps_new_pins
@@ -51,13 +50,6 @@ async def commit(
         return
     held = svc.ledger.hold(Origin.DECODED)
     refused = _not_storable(req, prepared, output, decode)
-    if refused is None and not keeps_new_pins(
-        decode.kv_usage,
-        limit=svc.config.decode_kv_pin_limit,
-        pinned_tokens=_pinned_tokens(handle),
-        capacity=decode.kv_capacity,
-    ):
-        refused = ReleaseCause.DECODE_FULL
     if refused is not None:
         svc.release_later(req, held, handle, refused)
         return
@@ -72,6 +64,14 @@ async def commit(
         return
     if not 0 < tokens <= sequence_end:
         svc.release_later(req, held, handle, ReleaseCause.BAD_HANDLE)
+        return
+    if not keeps_new_pins(
+        decode.kv_usage,
+        limit=svc.config.decode_kv_pin_limit,
+        pinned_tokens=tokens,
+        capacity=decode.kv_capacity,
+    ):
+        svc.release_later(req, held, handle, ReleaseCause.DECODE_FULL)
         return
     chunk = chunk_size_for(block_size)
     hashed = prepared.hashed
@@ -145,8 +145,3 @@ def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) 
     elif committed.withheld:
         svc.ledger.lost(Origin.REPLACED, LeftToExpire.NOT_DURABLE)
 
-
-def _pinned_tokens(handle: dict[str, Any]) -> int:
-    """Tokens D pinned for the handle (its ``remote_num_tokens``; 0 when it does not say)."""
-    tokens = handle.get("remote_num_tokens")
-    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0

@@ -74,7 +74,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     early = [item for item in items if item.path.name in _BEFORE_ENGINES]
     if early and places:
         rest = [item for item in items if item.path.name not in _BEFORE_ENGINES]
-        first = rest.index(items[places[0]]) if items[places[0]] in rest else 0
+        first = rest.index(items[places[0]])  # the first test to start engines
         items[:] = rest[:first] + early + rest[first:]
 
 

@@ -42,7 +42,8 @@ def test_the_kv_cache_s_size_in_tokens_is_the_smallest_rank_s() -> None:
     info = (
         'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
         'num_gpu_blocks="4096"} 1.0\n'
-        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2048"} 1.0\n'
+        'vllm:cache_config_info{mamba_block_size="999",block_size="16",engine="1",'
+        'num_gpu_blocks="2048"} 1.0\n'
         'vllm:cache_config_info{block_size="16",engine="2",num_gpu_blocks="None"} 1.0\n'
     )
     assert parse_gauges(TWO_RANKS + info)[KV_CAPACITY_TOKENS] == 2048 * 16

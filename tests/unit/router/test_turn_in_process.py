@@ -91,16 +91,21 @@ async def test_a_handle_is_read_once_and_the_client_sees_nothing_internal(rig: R
     assert p_ids == d_ids
 
 
-async def test_a_turn_ending_on_a_full_decode_keeps_no_pin(rig: Rig) -> None:
-    await rig.chat(history(1))
-    rig.d.kv_usage = 0.85  # above the high-water mark (0.8)
+async def second_turn_gives_its_pin_back(rig: Rig) -> None:
+    """Turn 2, after D's state changed: it reuses turn 1's handle, and D's new pin is given
+    back through P at once (``decode_full``), not stored for the next turn."""
     await rig.app.state.services.pool.probe_all()
     status, path, _ = await rig.chat(history(2))
     assert (status, path) == (200, "reuse")
-    # D's new pin was given back through P at once, not stored for the next turn.
     assert rig.d.holds == {} and len(rig.p.releases) == 1
     metrics = (await rig.client.get("/metrics")).text
     assert 'carryover_handles_released_total{cause="decode_full"} 1.0' in metrics
+
+
+async def test_a_turn_ending_on_a_full_decode_keeps_no_pin(rig: Rig) -> None:
+    await rig.chat(history(1))
+    rig.d.kv_usage = 0.85  # above the high-water mark (0.8)
+    await second_turn_gives_its_pin_back(rig)
     status, path, _ = await rig.chat(history(3))
     assert (status, path) == (200, "cold-miss")
     rig.d.kv_usage = 0.5
@@ -118,12 +123,7 @@ async def test_a_turn_too_large_for_what_its_decode_has_left_keeps_no_pin(rig: R
     pinned = next(iter(rig.d.holds.values())).tokens  # turn 2's pin is larger still
     rig.d.kv_usage = 0.5  # below the limit (0.8)
     rig.d.kv_blocks = -(-2 * pinned // 16) - 1  # half of it free: a token short of the turn
-    await rig.app.state.services.pool.probe_all()
-    status, path, _ = await rig.chat(history(2))
-    assert (status, path) == (200, "reuse")
-    assert rig.d.holds == {} and len(rig.p.releases) == 1
-    metrics = (await rig.client.get("/metrics")).text
-    assert 'carryover_handles_released_total{cause="decode_full"} 1.0' in metrics
+    await second_turn_gives_its_pin_back(rig)
     rig.d.kv_blocks *= 8  # room for it: the next turn's pin is kept
     await rig.app.state.services.pool.probe_all()
     await rig.chat(history(3))
