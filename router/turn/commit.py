@@ -144,4 +144,3 @@ def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) 
         svc.release_later(req, held, committed.replaced.handle, ReleaseCause.REPLACED)
     elif committed.withheld:
         svc.ledger.lost(Origin.REPLACED, LeftToExpire.NOT_DURABLE)
-
