@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,23 @@ class Process:
         except ProcessLookupError:
             pass
         self.popen.wait()
+
+
+@contextlib.contextmanager
+def _termination_deferred() -> Iterator[None]:
+    """Hold SIGTERM while a child is started and recorded: a handler that raised inside
+    ``Popen`` (after the fork) would leave a child in its own session that no cleanup knows."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers run on the main thread only
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def _wait_ready(process: Process, path: str, timeout: float) -> None:
@@ -80,15 +98,16 @@ class Topology:
         port = int(args[args.index("--port") + 1])
         log = self.log_dir / f"{name}.log"
         handle = open(log, "ab")  # noqa: SIM115 - owned by the child
-        popen = subprocess.Popen(
-            [*command, *args],
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,  # a router's uvicorn workers are its children
-        )
-        process = Process(name, f"http://127.0.0.1:{port}", popen, log, argv=[*command, *args])
-        self.processes.append(process)
+        with _termination_deferred():
+            popen = subprocess.Popen(
+                [*command, *args],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,  # a router's uvicorn workers are its children
+            )
+            process = Process(name, f"http://127.0.0.1:{port}", popen, log, argv=[*command, *args])
+            self.processes.append(process)
         return process
 
     def sim(

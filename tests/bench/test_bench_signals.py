@@ -8,7 +8,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from carryover.bench import procs
+from carryover.bench.cli import _unwind
 from carryover.bench.proctree import tree
 from tests.support.waiting import eventually_sync
 
@@ -48,3 +53,33 @@ def test_sigterm_stops_the_simulated_engines_a_benchmark_started(tmp_path: Path)
         for pid in engines:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+_IDLE = "import time; time.sleep(120)"
+
+
+def test_sigterm_while_a_child_starts_still_stops_that_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM landing inside ``Popen`` after the fork (the benchmark's handler raises there)
+    must not leave that child, in its own session, outside the topology's cleanup."""
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_sigterm(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kwargs))
+        signal.raise_signal(signal.SIGTERM)  # its handler runs before Popen would return
+        return started[-1]
+
+    previous = signal.signal(signal.SIGTERM, _unwind)
+    monkeypatch.setattr(procs.subprocess, "Popen", popen_then_sigterm)
+    try:
+        with pytest.raises(SystemExit), procs.topology() as topo:
+            topo._spawn("idle", ["--port", "1"], command=(sys.executable, "-c", _IDLE))
+        assert [child.poll() is not None for child in started] == [True]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for child in started:
+            if child.poll() is None:
+                child.kill()
+                child.wait()

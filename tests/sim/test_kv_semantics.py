@@ -494,7 +494,8 @@ async def test_a_read_waiting_for_blocks_on_d_renews_p_s_lease(
     """D renews P's lease while a request waits there to read P's blocks (vLLM's heartbeats,
     docs/vllm-protocol.md §4): a read long after the lease would have ended gets what P
     computed, and P counts no read after expiry."""
-    async with pd_pair(lease=6.0, d_num_blocks=16) as (p, d):
+    lease = 9.0  # D's heartbeats go out every lease // 6 = 1 s
+    async with pd_pair(lease=lease, d_num_blocks=16) as (p, d):
         await pd_chat(client, p, d, chat_body([user(LONG * 3)]))  # D's pin fills most of it
         body = chat_body([user("other " + LONG * 3)])
         rp = await post(
@@ -516,13 +517,20 @@ async def test_a_read_waiting_for_blocks_on_d_renews_p_s_lease(
         await eventually(
             lambda: state(d), lambda s: lease_id in s["renewing"], what="D waits for blocks"
         )
-        for _ in range(2):  # each time past what is left of the lease, renewed in time
-            await post(client, p, "/sim/faults", {"advance_clock": 5})
+        # Three times half a lease on P's clock, each right after a heartbeat (so a late one
+        # still has seconds to arrive): past the lease's end, unless D renews it.
+        for _ in range(3):
             await eventually(
                 lambda: state(p),
-                lambda s: s["leases"].get(lease_id, 0) > 5,
+                lambda s: s["leases"].get(lease_id, 0) > lease - 1,
                 what="D's heartbeat renews P's lease",
             )
+            await post(client, p, "/sim/faults", {"advance_clock": lease / 2})
+        await eventually(
+            lambda: state(p),
+            lambda s: s["leases"].get(lease_id, 0) > lease - 1,
+            what="D's heartbeat renews P's lease past its first end",
+        )
         await post(client, d, "/sim/faults", {"advance_clock": 480})  # the pin ends: room
         answer = await asyncio.wait_for(read, 10)
         assert answer.status_code == 200
