@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
 from typing import Any
@@ -33,6 +34,15 @@ __all__ = ["AutoRenderer", "RenderCheck", "keep_checked", "probe_chats", "probe_
 log = logging.getLogger("carryover.render")
 
 _Render = Callable[[], Awaitable[list[int]]]
+
+
+@dataclass(frozen=True)
+class _Probe:
+    name: str
+    chat: bool  # a chat request (else a text prompt)
+    here: _Render
+    there: _Render
+
 
 # Fields /tokenize applies and the local template does not: such a request goes to the engine.
 _ENGINE_ONLY = TOKENIZE_FIELDS - LOCAL_FIELDS
@@ -211,17 +221,19 @@ class AutoRenderer:
         if local is None:
             return self.state
         engine, started = self._engine, self._rechecks
-        probes: list[tuple[str, _Render, _Render]] = [
-            (
+        probes = [
+            _Probe(
                 f"chat probe {number}",
+                True,
                 partial(local.chat, body, model, None),
                 partial(engine.chat, body, model, engine_url),
             )
             for number, body in enumerate(probe_chats())
         ]
         probes += [
-            (
+            _Probe(
                 "text probe",
+                False,
                 partial(local.text, text, model, None),
                 partial(engine.text, text, model, engine_url),
             )
@@ -235,24 +247,45 @@ class AutoRenderer:
         self._set(verdict)
         return self.state
 
-    async def _compare(
-        self, probes: list[tuple[str, _Render, _Render]], engine_url: str
-    ) -> RenderCheck | None:
-        """``AGREES``, ``DISAGREES`` (logged), or ``None`` when the engine was not reached."""
-        for probe, render_here, render_there in probes:
+    async def _compare(self, probes: list[_Probe], engine_url: str) -> RenderCheck | None:
+        """``AGREES``, ``DISAGREES`` (logged), or ``None`` when the engine was not reached.
+
+        A chat probe both sides refuse (a template that raises on a system message or on a
+        tool call's id, say) agrees: such a request is a 400 either way. A chat probe this
+        process declines (:class:`RenderNotExact`) proves nothing and is skipped: requests of
+        its shape go to the engine anyway. At least one chat probe and every text probe must
+        give the same ids."""
+        compared_chats = 0
+        for probe in probes:
             try:
-                ours = await render_here()
-            except (ClientError, RenderFailed) as exc:
-                return self._give_up(f"{probe}: this process cannot render it ({exc})")
-            try:
-                theirs = await render_there()
+                ours: list[int] | None = await probe.here()
+            except RenderNotExact as exc:
+                if not probe.chat:
+                    return self._give_up(f"{probe.name}: this process cannot render it ({exc})")
+                log.info("render check: %s is rendered by the engine (%s)", probe.name, exc)
+                continue
             except ClientError as exc:
-                return self._give_up(f"{probe}: the engine refused it ({exc})")
+                if not probe.chat:
+                    return self._give_up(f"{probe.name}: this process refused it ({exc})")
+                ours = None
+            except RenderFailed as exc:
+                return self._give_up(f"{probe.name}: this process cannot render it ({exc})")
+            try:
+                theirs = await probe.there()
+            except ClientError as exc:
+                if ours is not None:
+                    return self._give_up(f"{probe.name}: the engine refused it ({exc})")
+                continue  # refused on both sides
             except RenderFailed as exc:
                 log.info("render check against %s not possible yet: %s", engine_url, exc)
                 return None
+            if ours is None:
+                return self._give_up(f"{probe.name}: this process refused it, the engine did not")
             if ours != theirs:
-                return self._disagree(probe, ours, theirs)
+                return self._disagree(probe.name, ours, theirs)
+            compared_chats += probe.chat
+        if not compared_chats:
+            return self._give_up("no chat probe gave ids on both sides")
         return RenderCheck.AGREES
 
     @staticmethod

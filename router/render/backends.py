@@ -171,8 +171,8 @@ class LocalRenderer:
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
         if len(prompt) < INLINE_CHARS:
-            return self._template.encode(prompt)
-        return await asyncio.to_thread(self._template.encode, prompt)
+            return self._template.encode_prompt(prompt)
+        return await asyncio.to_thread(self._template.encode_prompt, prompt)
 
     async def warm(self, body: dict[str, Any], answer: str) -> None:
         kwargs = body.get("chat_template_kwargs") or {}

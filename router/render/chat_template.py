@@ -120,6 +120,24 @@ def _strftime_now(format: str) -> str:
     raise RenderDeclined("the template reads the date (strftime_now)")
 
 
+def _special_frame(tokenizer: Tokenizer) -> tuple[list[int], list[int]] | None:
+    """The ids the tokenizer's post-processor puts before and after a text, when that is all
+    it does to every sample; ``None`` otherwise (texts are then encoded whole)."""
+    frames = set()
+    for sample in ("word", " two words\n", "3"):
+        bare = tokenizer.encode(sample, add_special_tokens=False).ids
+        full = tokenizer.encode(sample, add_special_tokens=True).ids
+        starts = [i for i in range(len(full) - len(bare) + 1) if full[i : i + len(bare)] == bare]
+        if not starts:
+            return None
+        start = starts[0]
+        frames.add((tuple(full[:start]), tuple(full[start + len(bare) :])))
+    if len(frames) != 1:
+        return None
+    before, after = frames.pop()
+    return list(before), list(after)
+
+
 class _Compiled:
     """One template, compiled in the environment ``transformers`` gives templates
     (``utils/chat_template_utils.py``, ``_cached_compile_jinja_template``)."""
@@ -174,6 +192,7 @@ class ChatTemplate:
         self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
         fast = fast_bpe_for(folder, self.tokenizer) if fast_spans else None
         self.spans = SpanEncoder(self.tokenizer, fast=fast)
+        self._prompt_frame = _special_frame(self.tokenizer)
         self._frames: dict[tuple[Any, ...], tuple[str, str] | None] = {}
 
     @classmethod
@@ -282,8 +301,19 @@ class ChatTemplate:
         return before, after
 
     def encode(self, text: str) -> list[int]:
-        """Ids of ``text``; spans between added tokens seen before are not tokenized again."""
+        """Ids of ``text`` without the tokenizer's own special tokens (a rendered chat: the
+        template wrote them); spans between added tokens seen before are not tokenized
+        again."""
         return self.spans.encode(text)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a completions prompt, with the special tokens the tokenizer's
+        post-processor adds (a BOS, say), as vLLM's ``add_special_tokens`` default has it."""
+        if self._prompt_frame is None:
+            ids: list[int] = self.tokenizer.encode(text, add_special_tokens=True).ids
+            return ids
+        before, after = self._prompt_frame
+        return [*before, *self.spans.encode(text), *after]
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

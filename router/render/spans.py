@@ -6,7 +6,10 @@ before anything else, and encodes the text between them independently: no token 
 added token. So the ids of a prompt are the ids of its spans, joined by the added tokens' ids,
 and a span seen before (an earlier message, a shared system prompt or tool list) need not be
 tokenized again. That holds only when no added token strips the whitespace around it or is
-matched on normalized text; a tokenizer with such tokens is encoded whole.
+matched on normalized text, and when a span encodes alike wherever it stands: a Metaspace
+pre-tokenizer with ``prepend_scheme: first`` (Llama 2, Mistral and Gemma files converted by
+``transformers``) marks only the text at the very start of the input with ``▁``. A tokenizer
+that fails either is encoded whole; the second is checked on sample spans at load.
 """
 
 from __future__ import annotations
@@ -20,6 +23,22 @@ from tokenizers import Tokenizer
 from carryover.router.render.fast_bpe import FastBpe
 
 __all__ = ["SpanEncoder"]
+
+#: Spans tried on both sides of an added token: a word, one after a space, a newline.
+_SAMPLE_SPANS = ("word", " word", "\nword 12")
+
+
+def _spans_encode_alike(tokenizer: Tokenizer, added: list[str]) -> bool:
+    """Whether each sample span encodes, between added tokens, as it does alone."""
+    alone = {span: tokenizer.encode(span, add_special_tokens=False).ids for span in _SAMPLE_SPANS}
+    for token in added[:3]:
+        token_ids = tokenizer.encode(token, add_special_tokens=False).ids
+        for before in _SAMPLE_SPANS:
+            for after in _SAMPLE_SPANS:
+                whole = tokenizer.encode(before + token + after, add_special_tokens=False).ids
+                if whole != alone[before] + token_ids + alone[after]:
+                    return False
+    return True
 
 
 class SpanEncoder:
@@ -41,6 +60,8 @@ class SpanEncoder:
             for token in added.values()
         )
         self._ids = {token.content: token_id for token_id, token in added.items()}
+        if self.enabled:
+            self.enabled = _spans_encode_alike(tokenizer, sorted(self._ids))
         # Longest first: the tokenizer matches the leftmost longest added token.
         alternatives = sorted(self._ids, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")

@@ -5,12 +5,14 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
 from carryover.router.render.fast_bpe import fast_bpe_for
 from carryover.router.render.spans import SpanEncoder
+from tests.support.tokenizers import metaspace_tokenizer
 
 ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>"]
 
@@ -177,3 +179,22 @@ def test_a_plain_answer_is_warmed_without_rendering_the_template() -> None:
     assert renders == 0
     template.warm("<think>\nreasoning\n</think>\n\nAn answer the template parses.")
     assert renders == 1
+
+
+sentencepiece_texts = st.lists(
+    st.sampled_from(["<s>", "[INST]", "[/INST]", " ", "\n", "Hello", "world", " fox", "12", "?"]),
+    max_size=20,
+).map("".join)
+
+
+@pytest.mark.parametrize("scheme", ["first", "always", "legacy"])
+@settings(max_examples=200)
+@given(text=sentencepiece_texts)
+def test_a_sentencepiece_tokenizer_encodes_as_it_does_whole(scheme: str, text: str) -> None:
+    """With ``prepend_scheme`` ``first`` only the text at the very start gets ``▁``, so a span
+    after an added token encodes otherwise alone than in place: such a tokenizer is encoded
+    whole. The other schemes encode each span alike wherever it stands."""
+    tokenizer = metaspace_tokenizer(scheme)
+    encoder = SpanEncoder(tokenizer)
+    assert encoder.enabled == (scheme != "first")
+    assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids

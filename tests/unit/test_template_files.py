@@ -13,6 +13,7 @@ import pytest
 
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
 from carryover.router.render.messages import RenderDeclined, RenderInputError
+from tests.support.tokenizers import metaspace_tokenizer
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -170,3 +171,25 @@ def test_a_template_that_names_the_developer_role_gets_it(tmp_path: Path) -> Non
 def test_a_template_that_does_not_compile_is_a_load_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="compile"):
         ChatTemplate(folder(tmp_path, {"chat_template": "{% if %}"}))
+
+
+@pytest.mark.parametrize("scheme", ["first", "always", "legacy"])
+def test_a_sentencepiece_model_renders_chats_without_and_text_prompts_with_its_bos(
+    tmp_path: Path, scheme: str
+) -> None:
+    """vLLM encodes a rendered chat without the tokenizer's special tokens (the template
+    writes ``bos_token``) and a completions prompt with them (``add_special_tokens``
+    defaults to true there): a Llama 2 or Mistral tokenizer adds ``<s>`` to the second."""
+    tokenizer = metaspace_tokenizer(scheme)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    template = "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}"
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    rendered = ChatTemplate(tmp_path, fast_spans=True)
+    chat = [{"role": "user", "content": "Hello world"}, {"role": "user", "content": "fox"}]
+    text = "<s>[INST] Hello world [/INST][INST] fox [/INST]"
+    assert rendered.render_text(chat) == text
+    assert rendered.render(chat) == tokenizer.encode(text, add_special_tokens=False).ids
+    for prompt in ("Hello world", " fox\n12", "[INST] Hello"):
+        assert rendered.encode_prompt(prompt) == tokenizer.encode(prompt).ids
+        assert rendered.encode_prompt(prompt)[0] == tokenizer.token_to_id("<s>")

@@ -12,9 +12,10 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from carryover.router.config.load import load_config
+from carryover.router.errors import ClientError
 from carryover.router.http.app import create_app
 from carryover.router.render.auto import AutoRenderer, RenderCheck
-from carryover.router.render.backends import EngineTokenize, LocalRenderer
+from carryover.router.render.backends import EngineTokenize, LocalRenderer, RenderNotExact
 from carryover.router.render.chat_template import ChatTemplate
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import FakeEngine, FakeFleet, Tokenizer, fake_tokenize
@@ -168,3 +169,48 @@ async def test_a_turn_this_process_cannot_render_as_vllm_does_is_rendered_by_the
     assert rig.fleet.tokenize_calls == calls + 1  # declined here (router/render/messages.py)
     messages = [{"role": "user", "content": "question 1"}]
     assert ids == coercing_tokenize({"messages": messages, "tools": tools})
+
+
+class _Refusing(_Side):
+    """A side whose template raises on tools (as templates of models without tool support
+    do), or on which this process declines them."""
+
+    def __init__(self, refusal: Exception) -> None:
+        super().__init__()
+        self.refusal = refusal
+
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        if body.get("tools"):
+            raise self.refusal
+        return await super().chat(body, model, engine_url)
+
+
+async def test_a_probe_both_sides_refuse_agrees() -> None:
+    """A template that raises on some probes (role alternation, tool call ids, ...) raises
+    for both: such a request is a 400 wherever it renders."""
+    engine = _Refusing(ClientError("tools are not supported"))
+    local = _Refusing(ClientError("chat template failed: tools are not supported"))
+    renderer = AutoRenderer(cast(EngineTokenize, engine), cast(LocalRenderer, local))
+    assert await renderer.check("m", "http://p0") is RenderCheck.AGREES
+
+
+async def test_a_probe_only_this_process_refuses_disagrees() -> None:
+    local = _Refusing(ClientError("chat template failed: tools are not supported"))
+    renderer = AutoRenderer(cast(EngineTokenize, _Side()), cast(LocalRenderer, local))
+    assert await renderer.check("m", "http://p0") is RenderCheck.DISAGREES
+
+
+async def test_a_probe_this_process_declines_is_left_to_the_engine() -> None:
+    local = _Refusing(RenderNotExact("the template reads the date (strftime_now)"))
+    renderer = AutoRenderer(cast(EngineTokenize, _Side()), cast(LocalRenderer, local))
+    assert await renderer.check("m", "http://p0") is RenderCheck.AGREES
+
+
+class _DecliningChats(_Side):
+    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+        raise RenderNotExact("the model has a processor, whose template vLLM may use")
+
+
+async def test_no_chat_probe_compared_proves_nothing() -> None:
+    renderer = AutoRenderer(cast(EngineTokenize, _Side()), cast(LocalRenderer, _DecliningChats()))
+    assert await renderer.check("m", "http://p0") is RenderCheck.DISAGREES
