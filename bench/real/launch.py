@@ -7,6 +7,7 @@ own (``bind_workers``), and an idle instance keeps a core busy, so stop them whe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -33,11 +34,13 @@ from carryover.bench.real.process import (
 from carryover.router.render.chat_template import bundled_qwen3_dir
 
 __all__ = [
+    "FAMILIES",
     "SERVED_NAME",
     "EngineDied",
     "VllmInstance",
     "VllmPair",
     "ensure_model",
+    "served_name",
     "single_engine",
 ]
 
@@ -50,26 +53,40 @@ class EngineDied(RuntimeError):
     hung until vLLM's five-minute RPC deadline killed the engine); the pair is started anew."""
 
 
-def ensure_model() -> Path:
-    """The seeded random tiny Qwen3, generated on first use next to the environment."""
+#: The model families the tier builds (``make_model.py``): Qwen3 serves every test but
+#: those that show the render check and reuse on the others.
+FAMILIES = ("qwen3", "llama2", "mistral")
+
+
+def served_name(family: str = "qwen3") -> str:
+    return SERVED_NAME if family == "qwen3" else f"tiny-{family}"
+
+
+def ensure_model(family: str = "qwen3") -> Path:
+    """The seeded random tiny model of ``family``, generated on first use next to the
+    environment, in a folder named by what generates it (a changed script or template
+    makes a new one)."""
     python = ensure_env()
-    folder = env_dir().parent / "rand-qwen3"
+    script = Path(__file__).with_name("make_model.py")
+    digest = hashlib.sha256(script.read_bytes())
+    template = script.parent / "templates" / f"{family}.jinja"
+    if template.exists():
+        digest.update(template.read_bytes())
+    folder = env_dir().parent / f"rand-{family}-{digest.hexdigest()[:10]}"
     if not (folder / "model.safetensors").exists():
-        script = Path(__file__).with_name("make_model.py")
-        subprocess.run(
-            [str(python), str(script), str(folder), str(bundled_qwen3_dir())], check=True
-        )
+        source = [str(bundled_qwen3_dir())] if family == "qwen3" else []
+        subprocess.run([str(python), str(script), family, str(folder), *source], check=True)
     return folder
 
 
 _API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
-def _serve_args(model: Path, port: int) -> list[str]:
+def _serve_args(model: Path, port: int, name: str = SERVED_NAME) -> list[str]:
     """What every engine of this tier is started with: the tiny model in float32, a 2k
     context, eager mode (no compile time on the CPU build), loopback."""
     return [
-        *("--model", str(model), "--served-model-name", SERVED_NAME),
+        *("--model", str(model), "--served-model-name", name),
         *("--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", "8"),
         "--enforce-eager",
         *("--host", "127.0.0.1", "--port", str(port)),
@@ -77,11 +94,12 @@ def _serve_args(model: Path, port: int) -> list[str]:
 
 
 @contextmanager
-def single_engine(log: Path, *extra: str) -> Iterator[tuple[str, int]]:
-    """One ``vllm serve`` of the tiny model, no P/D (``extra``: parsers, ``--tokens-only``);
-    its URL and pid, stopped with its whole group on exit."""
+def single_engine(log: Path, *extra: str, family: str = "qwen3") -> Iterator[tuple[str, int]]:
+    """One ``vllm serve`` of the tiny model of ``family``, no P/D (``extra``: parsers,
+    ``--tokens-only``); its URL and pid, stopped with its whole group on exit."""
     port = free_port()
-    args = [*vllm_module(_API_SERVER, nice=False), *_serve_args(ensure_model(), port), *extra]
+    serve = _serve_args(ensure_model(family), port, served_name(family))
+    args = [*vllm_module(_API_SERVER, nice=False), *serve, *extra]
     popen = spawn(args, log, offline_env(VLLM_CPU_KVCACHE_SPACE="1"))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -134,6 +152,11 @@ class VllmPair:
     lmcache: LmcacheServer | None = None
     prefill: VllmInstance | None = None
     decode: VllmInstance | None = None
+    family: str = "qwen3"  # the model both serve (FAMILIES)
+
+    @property
+    def served_name(self) -> str:
+        return served_name(self.family)
 
     def _command(self, instance: VllmInstance, model: Path) -> tuple[list[str], dict[str, str]]:
         producer = instance.role == "prefill"
@@ -154,7 +177,7 @@ class VllmPair:
             python = ensure_lmcache_env()
         args = [
             *vllm_module(_API_SERVER, python=python),
-            *_serve_args(model, instance.port),
+            *_serve_args(model, instance.port, self.served_name),
             # usage.prompt_tokens_details.cached_tokens in answers: what P did not compute.
             "--enable-prompt-tokens-details",
             "--kv-transfer-config",
@@ -195,7 +218,7 @@ class VllmPair:
                     raise
 
     def _start_once(self, timeout: float) -> None:
-        model = ensure_model()
+        model = ensure_model(self.family)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%H%M%S")
         # A restart keeps the ports: to the router it is the same instance, come back.
@@ -254,9 +277,9 @@ class VllmPair:
             sampling = {"max_tokens": max_tokens, "ignore_eos": True, "logprobs": 1}
             body: dict[str, Any]
             if self.tokens_only:
-                body = {"model": SERVED_NAME, "token_ids": prompt, "sampling_params": sampling}
+                body = {"model": self.served_name, "token_ids": prompt, "sampling_params": sampling}
             else:
-                body = {"model": SERVED_NAME, "prompt": prompt, **sampling}
+                body = {"model": self.served_name, "prompt": prompt, **sampling}
             body["return_token_ids"] = True
             if kv is not None:
                 body["kv_transfer_params"] = kv

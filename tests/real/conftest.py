@@ -14,6 +14,9 @@ front of it. Three configurations exist, each started once per run, in this orde
   configuration, on the same ports: a restart of both engines, and the start of the next
   configuration, at once.
 - ``tokens``: ``--tokens-only`` engines behind a render server.
+- ``llama2`` and ``mistral``: a pair of each of the other model families the tier builds
+  (``bench/real/make_model.py``), as ``pd`` but without parsers, for the render check and
+  reuse on their tokenizers and templates.
 
 Each test module says which configuration it needs with ``@pytest.mark.engines(kind)``; the
 collection hook below runs the tier in that order whatever ``-k``, ``--lf`` or file names
@@ -36,7 +39,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from carryover.bench.real.launch import EngineDied, VllmPair
+from carryover.bench.real.launch import FAMILIES, EngineDied, VllmPair
 from carryover.bench.real.lmcache import LmcacheServer
 from carryover.bench.redis_server import RedisServer
 from tests.real.served import SERVER_PARSERS, ServedAnswers, record_served_answers
@@ -50,7 +53,7 @@ pytestmark = pytest.mark.real
 D_TTL = 3600.0
 
 #: The configurations, in the order the tier runs them.
-PHASES = ("pd", "restart", "warm", "tokens")
+PHASES = ("pd", "restart", "warm", "tokens", "llama2", "mistral")
 
 
 def _phase(item: pytest.Item) -> int | None:
@@ -90,12 +93,18 @@ class Engines:
         self.served: ServedAnswers | None = None
 
     def _configured(self, kind: str, like: VllmPair | None = None) -> VllmPair:
+        family = kind if kind in FAMILIES else "qwen3"
+        # P keeps its prefix cache in ``pd`` and the other families' pairs (their tests salt
+        # each turn); in ``warm`` what P did not compute came from LMCache, by its counters.
+        p_args = ["--no-enable-prefix-caching"]
+        if kind == "pd":
+            p_args = [*SERVER_PARSERS]
+        elif family != "qwen3":
+            p_args = []
         return VllmPair(
             log_dir=self.log_dir / kind,
             d_extra={"decoder_kv_blocks_ttl": D_TTL},
-            # P keeps its prefix cache only in ``pd``: in ``warm`` what P did not compute
-            # came from LMCache, by its counters.
-            p_args=[*SERVER_PARSERS] if kind == "pd" else ["--no-enable-prefix-caching"],
+            p_args=p_args,
             tokens_only=kind == "tokens",
             # Both publish KV events: every router of this tier keeps an index of them, so
             # the subscriber meets vLLM's own wire format in every test.
@@ -105,6 +114,7 @@ class Engines:
             # A restart keeps the ports: to a router it is the same instance, come back.
             prefill=None if like is None else like.prefill,
             decode=None if like is None else like.decode,
+            family=family,
         )
 
     def pair(self, kind: str) -> VllmPair:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from carryover.bench.real.launch import SERVED_NAME, VllmPair
+from carryover.state import HashedTokens, chunk_size_for
 from tests.support.http import SAFE_TO_RESEND
 from tests.support.metrics import ascrape
 
@@ -162,3 +163,20 @@ async def chat(
 def salted() -> dict[str, Any]:
     """Request fields that keep a reference off every prefix cache."""
     return {"cache_salt": uuid.uuid4().hex}
+
+
+def expected_pull(prompt: list[int], sequence: list[int]) -> tuple[int, str]:
+    """What P pulls for ``prompt`` with the handle of ``sequence`` (what D ran and holds, all
+    but its last token), and the path the router names: all of it when ``prompt`` extends it,
+    else the whole blocks before the first difference the router can see (none under vLLM's
+    64-token threshold). The router keeps what it stored as digests of whole chunks and the
+    tokens after them, and compares with ``TokenPrefix.common_length``: a difference inside
+    a chunk cuts the reuse at that chunk's start."""
+    r_tokens = len(sequence) - 1
+    chunk = chunk_size_for(BLOCK)
+    stored = HashedTokens(sequence, chunk).prefix(r_tokens, output_start=r_tokens)
+    common = min(stored.common_length(HashedTokens(prompt, chunk)), r_tokens)
+    if common == r_tokens and len(prompt) >= r_tokens:
+        return r_tokens, "reuse"
+    usable = min(common, len(prompt) - 1) // BLOCK * BLOCK
+    return (usable, "partial") if usable >= 64 else (0, "cold-mismatch")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from carryover.bench.real.env import ensure_env
+from carryover.bench.real.launch import ensure_model
 from carryover.bench.real.process import offline_env
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
 from carryover.router.render.messages import (
@@ -46,8 +47,10 @@ _FEATURES = (
 
 
 def _folders(root: Path) -> dict[str, Path]:
-    """Qwen3's files, the features template above, and the templates vLLM's wheel ships
-    that take text (as ``chat_template.jinja``), each beside Qwen3's tokenizer."""
+    """Qwen3's files, the tier's Llama 2 and Mistral models (SentencePiece and tekken
+    tokenizers, templates that insist on the order of roles), the features template above,
+    and the templates vLLM's wheel ships that take text (as ``chat_template.jinja``), each
+    beside Qwen3's tokenizer."""
     qwen3 = bundled_qwen3_dir()
     shipped = sorted(
         Path(ensure_env()).parent.parent.glob(
@@ -57,7 +60,7 @@ def _folders(root: Path) -> dict[str, Path]:
     sources = {"features": _FEATURES} | {
         p.stem: p.read_text() for p in shipped if p.stem in ("template_chatml", "template_basic")
     }
-    folders = {"qwen3": qwen3}
+    folders = {"qwen3": qwen3} | {family: ensure_model(family) for family in ("llama2", "mistral")}
     for name, source in sources.items():
         folder = root / name
         folder.mkdir()
@@ -160,4 +163,7 @@ def test_prompt_ids_equal_vllm_s_for_every_template_or_the_turn_goes_to_vllm(
             else:
                 assert ours == want, (name, chat, template.decode(want, skip_special_tokens=False))
                 outcomes["equal"] += 1
-        assert outcomes["equal"] > outcomes["left to vLLM"], (name, outcomes)
+        # Most chats are rendered, or refused, as vLLM does: fewer go to it.
+        rendered = outcomes["equal"] + outcomes["both refused"]
+        assert rendered > outcomes["left to vLLM"] and outcomes["equal"], (name, outcomes)
+        print(name, dict(outcomes))

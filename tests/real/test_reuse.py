@@ -14,12 +14,11 @@ import httpx
 import pytest
 
 from carryover.bench.real.launch import VllmPair
-from carryover.state import HashedTokens, chunk_size_for
 from tests.real.helpers import (
-    BLOCK,
     SERVED_NAME,
     chat,
     completion,
+    expected_pull,
     first_prompt,
     pulled,
     salted,
@@ -96,23 +95,6 @@ async def test_the_router_renders_in_process_only_because_vllm_agrees(
     want = await tokenize(client, p_url, messages=messages, add_generation_prompt=True)
     assert r.json()["prompt_token_ids"] == want
     assert r.json()["usage"]["prompt_tokens"] == len(want)
-
-
-def expected_pull(prompt: list[int], sequence: list[int]) -> tuple[int, str]:
-    """What P pulls for ``prompt`` with the handle of ``sequence`` (what D ran and holds, all
-    but its last token), and the path the router names: all of it when ``prompt`` extends it,
-    else the whole blocks before the first difference the router can see (none under vLLM's
-    64-token threshold). The router keeps what it stored as digests of whole chunks and the
-    tokens after them, and compares with ``TokenPrefix.common_length``: a difference inside
-    a chunk cuts the reuse at that chunk's start."""
-    r_tokens = len(sequence) - 1
-    chunk = chunk_size_for(BLOCK)
-    stored = HashedTokens(sequence, chunk).prefix(r_tokens, output_start=r_tokens)
-    common = min(stored.common_length(HashedTokens(prompt, chunk)), r_tokens)
-    if common == r_tokens and len(prompt) >= r_tokens:
-        return r_tokens, "reuse"
-    usable = min(common, len(prompt) - 1) // BLOCK * BLOCK
-    return (usable, "partial") if usable >= 64 else (0, "cold-mismatch")
 
 
 async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(

@@ -1,7 +1,9 @@
 """Random chat requests for comparing the router's message preparation with vLLM's: the
 shapes agent and chat backends send (tool calls with compact, spaced, empty and broken
 arguments, tool results, reasoning fields, every text part type, unicode, stray keys) and
-some vLLM refuses."""
+some vLLM refuses. Some are conversations as a chat or agent backend builds them (an
+optional system message, then users and assistants in turn, tool results after tool
+calls), which templates that insist on that order (Llama 2's, Mistral's) render."""
 
 from __future__ import annotations
 
@@ -62,9 +64,13 @@ def _arguments(rng: random.Random) -> Any:
     )
 
 
+def _call_id(number: int) -> str:
+    return f"call{number:05d}"  # nine characters, as Mistral's templates insist
+
+
 def _tool_call(rng: random.Random, number: int) -> dict[str, Any]:
     call: dict[str, Any] = {
-        "id": f"call_{number}",
+        "id": _call_id(number),
         "type": "function",
         "function": {"name": rng.choice(["lookup", "search"]), "arguments": _arguments(rng)},
     }
@@ -89,7 +95,7 @@ def _message(rng: random.Random, number: int) -> dict[str, Any]:
         if rng.random() < 0.2:
             message["reasoning_content"] = _text(rng)
     if role == "tool":
-        message["tool_call_id"] = f"call_{number}"
+        message["tool_call_id"] = _call_id(number)
     if rng.random() < 0.15:
         message["name"] = rng.choice(["ann", "bob", 3])
     if rng.random() < 0.1:
@@ -115,9 +121,32 @@ def _tool(rng: random.Random) -> dict[str, Any]:
     return tool
 
 
+def _conversation(rng: random.Random) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        messages.append({"role": "system", "content": _text(rng)})
+    for turn in range(rng.randint(1, 4)):
+        messages.append({"role": "user", "content": _content(rng, text_only=False) or "Hi"})
+        if turn and rng.random() < 0.3:
+            number = turn * 10
+            calls = [_tool_call(rng, number + i) for i in range(rng.randint(1, 2))]
+            messages.append({"role": "assistant", "content": None, "tool_calls": calls})
+            messages += [
+                {"role": "tool", "tool_call_id": call["id"], "content": _text(rng)}
+                for call in calls
+            ]
+        messages.append({"role": "assistant", "content": _text(rng)})
+    if rng.random() < 0.7:
+        messages.append({"role": "user", "content": _text(rng)})
+    return messages
+
+
 def random_chat(rng: random.Random) -> dict[str, Any]:
     """A chat completions request body (its model is ``m``)."""
-    messages = [_message(rng, n) for n in range(rng.randint(1, 6))]
+    if rng.random() < 0.4:
+        messages = _conversation(rng)
+    else:
+        messages = [_message(rng, n) for n in range(rng.randint(1, 6))]
     body: dict[str, Any] = {"model": "m", "messages": messages}
     if rng.random() < 0.5:
         body["tools"] = [_tool(rng) for _ in range(rng.randint(0, 2))]
