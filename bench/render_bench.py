@@ -51,7 +51,14 @@ def main() -> None:
 
     with (
         tempfile.TemporaryDirectory() as logs,
-        single_engine(Path(logs) / "engine.log", family=args.family) as (url, _),
+        # A context long enough for every turn's prompt (/tokenize refuses one past it),
+        # beyond the tiny model's positions: it only tokenizes here, it never runs them.
+        single_engine(
+            Path(logs) / "engine.log",
+            *("--max-model-len", "32768"),
+            family=args.family,
+            env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
+        ) as (url, _),
         httpx.Client(timeout=60) as client,
     ):
 

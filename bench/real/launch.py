@@ -94,13 +94,16 @@ def _serve_args(model: Path, port: int, name: str = SERVED_NAME) -> list[str]:
 
 
 @contextmanager
-def single_engine(log: Path, *extra: str, family: str = "qwen3") -> Iterator[tuple[str, int]]:
+def single_engine(
+    log: Path, *extra: str, family: str = "qwen3", env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
     """One ``vllm serve`` of the tiny model of ``family``, no P/D (``extra``: parsers,
-    ``--tokens-only``); its URL and pid, stopped with its whole group on exit."""
+    ``--tokens-only``; ``env``: more of its environment); its URL and pid, stopped with its
+    whole group on exit."""
     port = free_port()
     serve = _serve_args(ensure_model(family), port, served_name(family))
     args = [*vllm_module(_API_SERVER, nice=False), *serve, *extra]
-    popen = spawn(args, log, offline_env(VLLM_CPU_KVCACHE_SPACE="1"))
+    popen = spawn(args, log, offline_env(VLLM_CPU_KVCACHE_SPACE="1", **(env or {})))
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(popen, url, log, deadline=time.monotonic() + 600, what="the engine")

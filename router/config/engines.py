@@ -131,6 +131,15 @@ class RenderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ),
     ] = None
     timeout: Annotated[float, about("Seconds one render or derender call may take.")] = 5.0
+    exclude_tools_when_tool_choice_none: Annotated[
+        bool,
+        about(
+            "As the engines' flag of that name: a chat request with tool_choice none renders "
+            "without its tools. Set it as P is started: vLLM's /tokenize does not apply it, so "
+            "the render check cannot see it.",
+            flag="--exclude-tools-when-tool-choice-none",
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         if self.backend == "server" and not self.url:

@@ -25,9 +25,8 @@ from carryover.router.render.backends import (
     TOKENIZE_FIELDS,
     EngineTokenize,
     LocalRenderer,
-    RenderFailed,
-    RenderNotExact,
 )
+from carryover.router.render.errors import RenderDeclined, RenderFailed
 
 __all__ = ["AutoRenderer", "RenderCheck", "keep_checked", "probe_chats", "probe_texts"]
 
@@ -194,7 +193,7 @@ class AutoRenderer:
         if local is not None:
             try:
                 return await local.chat(body, model, engine_url)
-            except RenderNotExact:
+            except RenderDeclined:
                 pass  # what vLLM's preprocessing would do here is not reproduced: ask it
         return await self._engine.chat(body, model, engine_url)
 
@@ -252,14 +251,14 @@ class AutoRenderer:
 
         A chat probe both sides refuse (a template that raises on a system message or on a
         tool call's id, say) agrees: such a request is a 400 either way. A chat probe this
-        process declines (:class:`RenderNotExact`) proves nothing and is skipped: requests of
+        process declines (:class:`RenderDeclined`) proves nothing and is skipped: requests of
         its shape go to the engine anyway. At least one chat probe and every text probe must
         give the same ids."""
         compared_chats = 0
         for probe in probes:
             try:
                 ours: list[int] | None = await probe.here()
-            except RenderNotExact as exc:
+            except RenderDeclined as exc:
                 if not probe.chat:
                     return self._give_up(f"{probe.name}: this process cannot render it ({exc})")
                 log.info("render check: %s is rendered by the engine (%s)", probe.name, exc)

@@ -13,20 +13,16 @@ from tokenizers import Tokenizer
 from carryover.router.config import RenderConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import ClientError, EngineFailed, UpstreamError
-from carryover.router.render.chat_template import (
-    ChatTemplate,
-    RenderDeclined,
-    RenderInputError,
-    bundled_qwen3_dir,
-)
+from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
+from carryover.router.render.errors import RenderDeclined, RenderFailed, RenderInputError
 
 __all__ = [
     "LOCAL_FIELDS",
     "TOKENIZE_FIELDS",
     "EngineTokenize",
     "LocalRenderer",
+    "RenderDeclined",
     "RenderFailed",
-    "RenderNotExact",
     "Renderer",
     "local_folder",
 ]
@@ -48,15 +44,6 @@ TOKENIZE_FIELDS = frozenset(
 )
 RENDER_SERVER_FIELDS = TOKENIZE_FIELDS | {"documents", "reasoning_effort"}
 LOCAL_FIELDS = frozenset({"messages", "tools", "chat_template_kwargs", "add_generation_prompt"})
-
-
-class RenderFailed(Exception):
-    """The backend could not render (unreachable, or an answer without ids)."""
-
-
-class RenderNotExact(RenderFailed):
-    """This process cannot render the request exactly as vLLM would (router/render/messages.py):
-    the engine renders it; with no engine to ask, the turn runs unchecked."""
 
 
 def _ids(value: Any) -> list[int]:
@@ -161,8 +148,6 @@ class LocalRenderer:
             )
         except RenderInputError as exc:
             raise ClientError(str(exc)) from exc
-        except RenderDeclined as exc:
-            raise RenderNotExact(str(exc)) from exc
 
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
         if _text_size(body.get("messages")) < INLINE_CHARS:

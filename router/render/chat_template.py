@@ -19,10 +19,9 @@ import jinja2.ext
 import jinja2.meta
 from tokenizers import Tokenizer
 
+from carryover.router.render.errors import RenderDeclined, RenderInputError
 from carryover.router.render.fast_bpe import fast_bpe_for
 from carryover.router.render.messages import (
-    RenderDeclined,
-    RenderInputError,
     template_names_developer,
     vllm_messages,
     vllm_tools,

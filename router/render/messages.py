@@ -18,6 +18,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from carryover.router.render.errors import RenderDeclined, RenderInputError
+
 __all__ = [
     "RenderDeclined",
     "RenderInputError",
@@ -25,14 +27,6 @@ __all__ = [
     "vllm_messages",
     "vllm_tools",
 ]
-
-
-class RenderInputError(ValueError):
-    """Messages the template cannot render (bad roles, contents, or template errors)."""
-
-
-class RenderDeclined(Exception):
-    """This process cannot render the request exactly as vLLM would: the engine renders it."""
 
 
 #: Text part types and the key holding their text (vLLM's ``MM_PARSER_MAP``).

@@ -6,10 +6,12 @@ before anything else, and encodes the text between them independently: no token 
 added token. So the ids of a prompt are the ids of its spans, joined by the added tokens' ids,
 and a span seen before (an earlier message, a shared system prompt or tool list) need not be
 tokenized again. That holds only when no added token strips the whitespace around it or is
-matched on normalized text, and when a span encodes alike wherever it stands: a Metaspace
-pre-tokenizer with ``prepend_scheme: first`` (Llama 2, Mistral and Gemma files converted by
-``transformers``) marks only the text at the very start of the input with ``▁``. A tokenizer
-that fails either is encoded whole; the second is checked on sample spans at load.
+matched on normalized text (else prompts are encoded whole), and when a span encodes alike
+wherever it stands. A Metaspace pre-tokenizer with ``prepend_scheme: first`` (Llama 2, Mistral
+and Gemma files converted by ``transformers``) marks only the text at the input's very start
+with ``▁``: there a new span is encoded behind an added token, whose ids are taken off, and
+the text before a prompt's first added token alone. Which of the two holds is checked on
+sample spans at load; with neither, prompts are encoded whole.
 """
 
 from __future__ import annotations
@@ -28,17 +30,27 @@ __all__ = ["SpanEncoder"]
 _SAMPLE_SPANS = ("word", " word", "\nword 12")
 
 
-def _spans_encode_alike(tokenizer: Tokenizer, added: list[str]) -> bool:
-    """Whether each sample span encodes, between added tokens, as it does alone."""
-    alone = {span: tokenizer.encode(span, add_special_tokens=False).ids for span in _SAMPLE_SPANS}
-    for token in added[:3]:
-        token_ids = tokenizer.encode(token, add_special_tokens=False).ids
-        for before in _SAMPLE_SPANS:
-            for after in _SAMPLE_SPANS:
-                whole = tokenizer.encode(before + token + after, add_special_tokens=False).ids
-                if whole != alone[before] + token_ids + alone[after]:
-                    return False
-    return True
+def _span_anchor(tokenizer: Tokenizer, added: list[str]) -> str | None:
+    """How a span is encoded as it stands in a prompt, after an added token: ``""``, alone
+    (it encodes alike wherever it stands); an added token, behind it, whose ids are then
+    taken off (a tokenizer that marks only the input's start, as Metaspace's
+    ``prepend_scheme: first`` does); ``None``: neither holds on the samples."""
+
+    def plain(text: str) -> list[int]:
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    for anchor in ("", *added[:1]):
+        skip = len(plain(anchor))
+        in_place = {span: plain(anchor + span)[skip:] for span in _SAMPLE_SPANS}
+        if all(
+            plain(before + token + after) == plain(before) + plain(token) + in_place[after]
+            for token in added[:3]
+            for before in _SAMPLE_SPANS
+            for after in _SAMPLE_SPANS
+        ):
+            return anchor
+    return None
 
 
 class SpanEncoder:
@@ -60,8 +72,13 @@ class SpanEncoder:
             for token in added.values()
         )
         self._ids = {token.content: token_id for token_id, token in added.items()}
-        if self.enabled:
-            self.enabled = _spans_encode_alike(tokenizer, sorted(self._ids))
+        # An added token before each new span when spans do not encode alike alone; the text
+        # before a prompt's first added token is then encoded alone, uncached.
+        self._anchor = _span_anchor(tokenizer, sorted(self._ids)) if self.enabled else None
+        self.enabled = self._anchor is not None
+        self._anchor_ids = len(self._encode_whole(self._anchor)) if self._anchor else 0
+        if self._anchor:
+            self._fast = None  # its shape holds for tokenizers whose spans encode alike only
         # Longest first: the tokenizer matches the leftmost longest added token.
         alternatives = sorted(self._ids, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
@@ -82,17 +99,19 @@ class SpanEncoder:
         if not self.enabled:
             return self._encode_whole(text)
         parts = self._split.split(text)
-        spans = [part for part in dict.fromkeys(parts[::2]) if part]  # text between added tokens
+        head = parts[0] if self._anchor else ""  # at the input's start: encoded alone
+        between = parts[2::2] if self._anchor else parts[::2]
+        spans = [part for part in dict.fromkeys(between) if part]  # text between added tokens
         known = self._known(spans)
         missing = [span for span in spans if span not in known]
         if missing:
             known.update(self._encode_new(missing))
-        ids: list[int] = []
+        ids: list[int] = self._encode_whole(head) if head else []
         special = self._ids
         for i, part in enumerate(parts):
             if i % 2:  # the separators the split kept: added tokens
                 ids.append(special[part])
-            elif part:
+            elif part and (i or not head):
                 ids.extend(known[part])
         return ids
 
@@ -113,8 +132,11 @@ class SpanEncoder:
         else:
             # A turn usually brings two new spans (the last answer and the new message): one
             # batch call lets the tokenizer encode them side by side.
-            batch = self._tokenizer.encode_batch_fast(spans, add_special_tokens=False)
-            encoded = [list(e.ids) for e in batch]
+            anchor, skip = self._anchor or "", self._anchor_ids
+            batch = self._tokenizer.encode_batch_fast(
+                [anchor + span for span in spans], add_special_tokens=False
+            )
+            encoded = [list(e.ids)[skip:] for e in batch]
         with self._lock:
             self.misses += len(spans)
             for span, ids in zip(spans, encoded, strict=True):

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from carryover.router.errors import BadRequest, EngineUnavailable
 from carryover.router.fields import NON_TEXT_CONTENT, reuse_blockers
 from carryover.router.fleet.instance import Instance
 from carryover.router.ledger import Origin
 from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
-from carryover.router.render.backends import RenderFailed
+from carryover.router.render.errors import RenderFailed
 from carryover.router.tokens.legs import mend_rendered
 from carryover.router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, path_of
 from carryover.router.turn.services import TurnServices
@@ -207,6 +208,20 @@ async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
     return TokensPrompt(generate, request)
 
 
+def _template_body(req: TurnRequest) -> dict[str, Any]:
+    """The chat request as the template gets it: without its tools when ``tool_choice`` is
+    none and the engines leave them out then (vLLM's ``--exclude-tools-when-tool-choice-none``,
+    ``vllm/renderers/online_renderer.py``, ``render_chat``)."""
+    body = req.body
+    if (
+        req.model.render.exclude_tools_when_tool_choice_none
+        and body.get("tool_choice") == "none"
+        and "tools" in body
+    ):
+        return {key: value for key, value in body.items() if key != "tools"}
+    return body
+
+
 async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
     """The prompt ids, or ``None`` when the backend is down (the turn then runs without
     reuse: engines render themselves, nothing is checked, nothing is attached)."""
@@ -221,7 +236,7 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
             url = instance.url if instance is not None else None
             try:
                 if req.chat:
-                    return await renderer.chat(req.body, req.model_name, url)
+                    return await renderer.chat(_template_body(req), req.model_name, url)
                 return await renderer.text(str(req.body.get("prompt")), req.model_name, url)
             except RenderFailed as exc:
                 log.warning("render failed (attempt %d): %s", attempt + 1, exc)

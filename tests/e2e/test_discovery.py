@@ -4,6 +4,7 @@ serves a conversation whose second turn reuses its KV (docs/discovery.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -51,4 +52,4 @@ async def test_a_decode_instance_found_by_its_name_serves_and_reuses(tmp_path: P
                 second = await chat_turn(client, router.url, messages, conversation_id="dns-1")
                 assert second.status == 200 and second.path == "reuse", second.raw
         finally:
-            router.stop()
+            await asyncio.to_thread(router.stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -93,7 +94,7 @@ async def test_requests_without_a_valid_key_are_refused(
         models = await s.client.get(s.router.url + "/v1/models", headers=headers)
         assert models.status_code == 401
         # Keys, right or wrong, never reach the logs.
-        s.router.stop()
+        await asyncio.to_thread(s.router.stop)
         log = s.router.log()
         assert "sk-alpha" not in log and "nope" not in log
 

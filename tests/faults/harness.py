@@ -186,7 +186,8 @@ async def harness(
         )
         exits.push_async_callback(stop_all)
         for router in routers:
-            exits.callback(router.stop)
+            # In a thread: the router's shutdown talks to the simulated engines on this loop.
+            exits.push_async_callback(asyncio.to_thread, router.stop)
             await router.start()
         yield harness_obj
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -109,7 +110,8 @@ async def stack(
             for _ in range(routers)
         ]
         for proc in procs:
-            exits.callback(proc.stop)
+            # In a thread: the router's shutdown talks to the simulated engines on this loop.
+            exits.push_async_callback(asyncio.to_thread, proc.stop)
             await proc.start()
         client = await exits.enter_async_context(
             httpx.AsyncClient(timeout=30, event_hooks={"response": [scan_error_body]})

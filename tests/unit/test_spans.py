@@ -181,6 +181,11 @@ def test_a_plain_answer_is_warmed_without_rendering_the_template() -> None:
     assert renders == 1
 
 
+@cache
+def sentencepiece_encoder(scheme: str) -> SpanEncoder:
+    return SpanEncoder(metaspace_tokenizer(scheme))
+
+
 sentencepiece_texts = st.lists(
     st.sampled_from(["<s>", "[INST]", "[/INST]", " ", "\n", "Hello", "world", " fox", "12", "?"]),
     max_size=20,
@@ -192,9 +197,12 @@ sentencepiece_texts = st.lists(
 @given(text=sentencepiece_texts)
 def test_a_sentencepiece_tokenizer_encodes_as_it_does_whole(scheme: str, text: str) -> None:
     """With ``prepend_scheme`` ``first`` only the text at the very start gets ``▁``, so a span
-    after an added token encodes otherwise alone than in place: such a tokenizer is encoded
-    whole. The other schemes encode each span alike wherever it stands."""
+    after an added token encodes otherwise alone than in place: it is encoded behind one.
+    The other schemes encode each span alike wherever it stands. Twice: the second time from
+    the span cache."""
     tokenizer = metaspace_tokenizer(scheme)
-    encoder = SpanEncoder(tokenizer)
-    assert encoder.enabled == (scheme != "first")
-    assert encoder.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids
+    encoder = sentencepiece_encoder(scheme)  # one for every text: spans cached across them
+    assert encoder.enabled and (encoder._anchor != "") == (scheme == "first")
+    want = tokenizer.encode(text, add_special_tokens=False).ids
+    assert encoder.encode(text) == want
+    assert encoder.encode(text) == want

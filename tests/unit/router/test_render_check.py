@@ -15,8 +15,9 @@ from carryover.router.config.load import load_config
 from carryover.router.errors import ClientError
 from carryover.router.http.app import create_app
 from carryover.router.render.auto import AutoRenderer, RenderCheck
-from carryover.router.render.backends import EngineTokenize, LocalRenderer, RenderNotExact
+from carryover.router.render.backends import EngineTokenize, LocalRenderer
 from carryover.router.render.chat_template import ChatTemplate
+from carryover.router.render.errors import RenderDeclined
 from tests.support.waiting import eventually
 from tests.unit.router.fakes import FakeEngine, FakeFleet, Tokenizer, fake_tokenize
 
@@ -201,16 +202,44 @@ async def test_a_probe_only_this_process_refuses_disagrees() -> None:
 
 
 async def test_a_probe_this_process_declines_is_left_to_the_engine() -> None:
-    local = _Refusing(RenderNotExact("the template reads the date (strftime_now)"))
+    local = _Refusing(RenderDeclined("the template reads the date (strftime_now)"))
     renderer = AutoRenderer(cast(EngineTokenize, _Side()), cast(LocalRenderer, local))
     assert await renderer.check("m", "http://p0") is RenderCheck.AGREES
 
 
 class _DecliningChats(_Side):
     async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
-        raise RenderNotExact("the model has a processor, whose template vLLM may use")
+        raise RenderDeclined("the model has a processor, whose template vLLM may use")
 
 
 async def test_no_chat_probe_compared_proves_nothing() -> None:
     renderer = AutoRenderer(cast(EngineTokenize, _Side()), cast(LocalRenderer, _DecliningChats()))
     assert await renderer.check("m", "http://p0") is RenderCheck.DISAGREES
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("backend", ["engine", "auto"])
+@pytest.mark.parametrize("exclude", [True, False])
+async def test_tool_choice_none_renders_without_tools_where_the_engines_exclude_them(
+    exclude: bool, backend: str
+) -> None:
+    """vLLM started with --exclude-tools-when-tool-choice-none renders such a request without
+    its tools, which /tokenize cannot show: the router is told so and does the same, whether
+    P's /tokenize or this process renders."""
+    p, d = FakeEngine("prefill", "p0:8000"), FakeEngine("decode", "d0:8000")
+    flags = ["--prefill", p.url, "--decode", d.url, "--health-interval", "0.05"]
+    flags += ["--render-backend", backend]
+    flags += ["--exclude-tools-when-tool-choice-none"] if exclude else []
+    fleet = FakeFleet(p, d, tokenize=qwen3_tokenize)
+    app = create_app(load_config(flags, environ={}), transport=fleet, seed=0)
+    async with AsyncTestClient(app=app) as client:
+        rig = Rig(client, fleet, p)
+        if backend == "auto":
+            await rig.until("agrees")
+        calls = fleet.tokenize_calls
+        ids = await rig.chat(1, tools=TOOLS, tool_choice="none")
+        assert fleet.tokenize_calls == calls + (backend == "engine")
+        messages = [{"role": "user", "content": "question 1"}]
+        assert ids == qwen3_tokenize({"messages": messages, "tools": None if exclude else TOOLS})
