@@ -19,6 +19,7 @@ import jinja2.ext
 import jinja2.meta
 from tokenizers import Tokenizer
 
+from carryover.router.render.content_format import ContentFormat, content_format
 from carryover.router.render.errors import RenderDeclined, RenderInputError
 from carryover.router.render.fast_bpe import fast_bpe_for
 from carryover.router.render.messages import (
@@ -150,10 +151,12 @@ class _Compiled:
         env.globals["strftime_now"] = _strftime_now
         try:
             self.jinja = env.from_string(source)
-            variables = jinja2.meta.find_undeclared_variables(env.parse(source))
+            tree = env.parse(source)
         except jinja2.TemplateSyntaxError as exc:
             raise FileNotFoundError(f"the chat template does not compile: {exc}") from exc
+        variables = jinja2.meta.find_undeclared_variables(tree)
         self.developer_role = template_names_developer(source)
+        self.openai_content = content_format(tree) is ContentFormat.OPENAI
         #: Special tokens it reads that the files do not set (a class default may).
         self.unknown_tokens = sorted(
             name for name in SPECIAL_TOKEN_NAMES if name in variables and name not in special_tokens
@@ -219,7 +222,11 @@ class ChatTemplate:
             raise RenderDeclined("chat_template_kwargs that change how vLLM tokenizes")
         try:
             return template.jinja.render(
-                messages=vllm_messages(messages, developer_role=template.developer_role),
+                messages=vllm_messages(
+                    messages,
+                    developer_role=template.developer_role,
+                    openai_content=template.openai_content,
+                ),
                 tools=prepared_tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,

@@ -107,6 +107,53 @@ def _content(role: str, content: Any) -> str:
     return "\n".join(t for t in texts if t is not None)
 
 
+#: The keys vLLM knows in a content part (``_KNOWN_CONTENT_PART_FIELDS``): any other key
+#: reaches an OpenAI-format template with the part, or is dropped by the request model,
+#: depending on the role's part model; such a part goes to the engine.
+_KNOWN_PART_KEYS = frozenset({"type", "text", "refusal", "thinking"})
+
+
+def _wrapped_part(part: Any, *, openai_role: bool) -> dict[str, Any] | None:
+    """A content part as vLLM hands it to an OpenAI-format template: its text (empty kept)
+    as ``{"type": "text", "text": ...}``; ``None``: skipped (a null text or refusal)."""
+    if isinstance(part, str) and not openai_role:
+        return {"type": "text", "text": part}
+    if not isinstance(part, Mapping):
+        raise RenderDeclined("a content part that is not an object")
+    kind = part.get("type")
+    allowed = _OPENAI_ROLE_PARTS if openai_role else _TEXT_PARTS.keys()
+    if not isinstance(kind, str) or kind not in allowed or part.keys() - _KNOWN_PART_KEYS:
+        raise RenderDeclined(f"content part of type {kind!r} or with keys vLLM passes on")
+    text = part.get(_TEXT_PARTS[kind])
+    if text is None and kind in ("text", "refusal"):
+        return None
+    if not isinstance(text, str):
+        raise RenderDeclined(f"the text of a {kind!r} part is not a string")
+    return {"type": "text", "text": text}
+
+
+def _parts(role: str, content: Any) -> list[dict[str, Any]] | str:
+    """``content`` as vLLM's OpenAI content format hands it to the template: a list of text
+    parts; a tool's back to one string (its texts joined by ``\n``, empty ones kept)."""
+    openai_role = role in _OPENAI_ROLES
+    if content is None:
+        if openai_role and role != "assistant":
+            raise RenderDeclined(f"null content of a {role} message")
+        parts: list[Any] = []
+    elif isinstance(content, str):
+        parts = [{"type": "text", "text": content}]
+    elif isinstance(content, list):
+        parts = content
+    else:
+        raise RenderDeclined("content that is not a string, a list of parts, or null")
+    if role == "system":
+        parts = _strip_billing_header(parts)
+    wrapped = [w for w in (_wrapped_part(p, openai_role=openai_role) for p in parts) if w]
+    if role == "tool":
+        return "\n".join(part["text"] for part in wrapped)
+    return wrapped
+
+
 def _arguments(function: dict[str, Any]) -> dict[str, Any]:
     """A tool call's arguments as the template gets them: parsed into an object; ``{}`` when
     empty, not JSON, or JSON of another kind (vLLM coerces so a conversation with one bad
@@ -145,11 +192,15 @@ def _tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _message(message: Any) -> dict[str, Any]:
+def _message(message: Any, *, openai_content: bool) -> dict[str, Any]:
     if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
         raise RenderInputError("each message needs a string 'role'")
     role: str = message["role"]
-    result: dict[str, Any] = {"role": role, "content": _content(role, message.get("content"))}
+    content = message.get("content")
+    result: dict[str, Any] = {
+        "role": role,
+        "content": _parts(role, content) if openai_content else _content(role, content),
+    }
     if role == "assistant":
         calls = message.get("tool_calls")
         if calls is not None:
@@ -177,13 +228,16 @@ def _message(message: Any) -> dict[str, Any]:
     return result
 
 
-def vllm_messages(messages: Any, *, developer_role: bool = True) -> list[dict[str, Any]]:
-    """``messages`` as vLLM's chat preprocessing hands them to a string-content template.
+def vllm_messages(
+    messages: Any, *, developer_role: bool = True, openai_content: bool = False
+) -> list[dict[str, Any]]:
+    """``messages`` as vLLM's chat preprocessing hands them to a template that takes content
+    as a string, or as a list of parts (``openai_content``, ``content_format.py``).
     ``developer_role``: the template names the role; where it does not, vLLM makes developer
     messages system ones and merges every system message into one, first."""
     if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
         raise RenderInputError("messages must be a list")
-    prepared = [_message(m) for m in messages]
+    prepared = [_message(m, openai_content=openai_content) for m in messages]
     if not prepared:
         raise RenderInputError("messages must not be empty")
     if not developer_role and any(m["role"] == "developer" for m in prepared):

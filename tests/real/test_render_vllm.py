@@ -47,9 +47,20 @@ _FEATURES = (
 )
 
 
+#: A template that takes content as a list of parts (vLLM's ``openai`` content format: it
+#: loops over a message's content), and strings where the preparation leaves one (tools).
+_PARTS = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>"
+    "{% if m.content is string %}{{ m.content }}{% else %}"
+    "{% for part in m.content %}[{{ part.type }}]{{ part.text }}{% endfor %}{% endif %}"
+    "{% for c in m.tool_calls or [] %}{{ c.function | tojson }}{% endfor %}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
 def _folders(root: Path) -> dict[str, Path]:
     """Qwen3's files, the tier's Llama 2 and Mistral models (SentencePiece and tekken
-    tokenizers, templates that insist on the order of roles), the features template above,
+    tokenizers, templates that insist on the order of roles), the features and parts templates above,
     and the templates vLLM's wheel ships that take text (as ``chat_template.jinja``), each
     beside Qwen3's tokenizer."""
     qwen3 = bundled_qwen3_dir()
@@ -58,7 +69,7 @@ def _folders(root: Path) -> dict[str, Path]:
             "lib/python3*/site-packages/vllm/transformers_utils/chat_templates/template_*.jinja"
         )
     )
-    sources = {"features": _FEATURES} | {
+    sources = {"features": _FEATURES, "parts": _PARTS} | {
         p.stem: p.read_text() for p in shipped if p.stem in ("template_chatml", "template_basic")
     }
     folders = {"qwen3": qwen3} | {family: ensure_model(family) for family in ("llama2", "mistral")}

@@ -50,13 +50,13 @@ class _TextOnlyTracker:
         )
 
 
-def prepare(body: dict[str, Any]) -> dict[str, Any]:
+def prepare(body: dict[str, Any], content_format: str = "string") -> dict[str, Any]:
     request = ChatCompletionRequest.model_validate(body)
     conversation: list[Any] = []
     for message in request.messages:
         conversation.extend(
             parse_chat_message_content(
-                message, _TextOnlyTracker(), "string", interleave_strings=False
+                message, _TextOnlyTracker(), content_format, interleave_strings=False
             )
         )
     _postprocess_messages(conversation)
@@ -65,23 +65,35 @@ def prepare(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(body: dict[str, Any], prepared: dict[str, Any], folder: str, tokenizer: Any) -> Any:
-    """The prompt's ids as vLLM's online renderer builds them (``preprocess_chat``), or the
-    error it raises."""
-    from vllm.renderers.hf import safe_apply_chat_template  # type: ignore[import-not-found]
-
-    request = ChatCompletionRequest.model_validate(body)
-    kwargs = (
-        request.build_chat_params(None, "string")
-        .with_defaults({"tools": prepared["tools"], "tokenize": False})
-        .get_apply_chat_template_kwargs()
+    """The prompt's ids as vLLM's online renderer builds them (``preprocess_chat``, with the
+    content format it detects in the template), or the error it raises."""
+    from vllm.renderers.hf import (  # type: ignore[import-not-found]
+        resolve_chat_template_content_format,
+        safe_apply_chat_template,
     )
+
     model_config = SimpleNamespace(
         tokenizer=folder,
         model=folder,
+        revision=None,
         tokenizer_revision=None,
         code_revision=None,
         trust_remote_code=False,
         hf_config=SimpleNamespace(model_type=None),
+    )
+    content_format = resolve_chat_template_content_format(
+        None, prepared["tools"], "auto", tokenizer, model_config=model_config
+    )
+    if content_format != "string":
+        try:
+            prepared = prepare(body, content_format)
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+    request = ChatCompletionRequest.model_validate(body)
+    kwargs = (
+        request.build_chat_params(None, content_format)
+        .with_defaults({"tools": prepared["tools"], "tokenize": False})
+        .get_apply_chat_template_kwargs()
     )
     try:
         text = safe_apply_chat_template(
