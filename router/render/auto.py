@@ -152,7 +152,13 @@ def probe_chats() -> list[dict[str, Any]]:
 
 
 def probe_texts() -> list[str]:
-    return ["<|im_start|>user\nplain text  with  spaces, ünïcode and 12345<|im_end|>\n"]
+    """Completions prompts with the added tokens of the families in docs/rendering.md (text
+    to a tokenizer that does not have them) and text at the start, where a tokenizer may
+    add a BOS token or mark the first word."""
+    return [
+        "<|im_start|>user\nplain text  with  spaces, ünïcode and 12345<|im_end|>\n",
+        "Start here <s>[INST] in turn [/INST] answer</s>\n[TOOL_CALLS] 日本語 <|endoftext|>",
+    ]
 
 
 #: Seconds between looks for P and the model's name while neither the check nor the
