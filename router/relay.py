@@ -9,10 +9,58 @@ import msgspec
 from carryover.router.errors import EngineFailed
 from carryover.router.outcomes import NoHandleCause
 
-__all__ = ["DecodeOutput", "parse_chunk"]
+__all__ = ["DecodeOutput", "decode_answer", "parse_chunk"]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+_ids = msgspec.json.Decoder(list[int])
+
+_IDS_KEY = b'"prompt_token_ids":'
+_NOT_A_FLAT_ARRAY = (b"[", b"{", b'"')
+
+
+def _cut_ids(content: bytes) -> tuple[bytes, bytes] | None:
+    """``content`` with its one prompt id array replaced by ``null``, and that array's JSON;
+    ``None`` unless exactly one ``"prompt_token_ids"`` key holds a flat array (any others
+    ``null``). Such a key's closing quote is unescaped, so it cannot lie inside a string,
+    and every key of D's answer is vLLM's own."""
+    cut: tuple[int, int] | None = None
+    at = content.find(_IDS_KEY)
+    while at >= 0:
+        start = at + len(_IDS_KEY)
+        while content[start : start + 1] in (b" ", b"\n", b"\r", b"\t"):
+            start += 1
+        if content.startswith(b"[", start):
+            end = content.find(b"]", start)
+            if cut is not None or end < 0:
+                return None
+            if any(mark in content[start + 1 : end] for mark in _NOT_A_FLAT_ARRAY):
+                return None
+            cut = (start, end + 1)
+        elif not content.startswith(b"null", start):
+            return None
+        at = content.find(_IDS_KEY, start)
+    if cut is None:
+        return None
+    start, end = cut
+    return content[:start] + b"null" + content[end:], content[start:end]
+
+
+def decode_answer(content: bytes) -> Any:
+    """D's whole answer, its prompt ids left as their JSON (``msgspec.Raw``, encoded back
+    verbatim): at 20k tokens, decoding them into a list and comparing that with the checked
+    ids was a tenth of the router's instructions per turn (``bench/RESULTS.md``)."""
+    cut = _cut_ids(content)
+    if cut is None:
+        return _decoder.decode(content)
+    body, array = cut
+    obj = _decoder.decode(body)
+    holders = [obj, *(obj.get("choices") or ())] if isinstance(obj, dict) else []
+    for holder in holders:
+        if isinstance(holder, dict) and holder.get("prompt_token_ids", False) is None:
+            holder["prompt_token_ids"] = msgspec.Raw(array)
+            return obj
+    return _decoder.decode(content)  # the array sat elsewhere: decoded whole
 
 
 def parse_chunk(data: bytes) -> dict[str, Any]:
@@ -35,7 +83,7 @@ class DecodeOutput:
 
     def __init__(self, *, client_wants_ids: bool) -> None:
         self.client_wants_ids = client_wants_ids
-        self.prompt_ids: list[int] | None = None
+        self._prompt_ids: list[int] | msgspec.Raw | None = None
         self.output_ids: list[int] = []
         self.handle: Any = None
         self.finish_reason: str | None = None
@@ -51,6 +99,22 @@ class DecodeOutput:
     def content(self) -> str:
         return "".join(self._content)
 
+    @property
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt ids D said it ran (``None``: it did not say, or not as ints)."""
+        if isinstance(self._prompt_ids, msgspec.Raw):
+            try:
+                self._prompt_ids = _ids.decode(self._prompt_ids)
+            except msgspec.DecodeError:
+                self._prompt_ids = None
+        return self._prompt_ids
+
+    def ran(self, ids: list[int], ids_json: bytes) -> bool:
+        """Whether D ran exactly ``ids`` (``ids_json``: their JSON, compared first)."""
+        if isinstance(self._prompt_ids, msgspec.Raw) and bytes(self._prompt_ids) == ids_json:
+            return True
+        return self.prompt_ids == ids
+
     def collect(self, obj: dict[str, Any]) -> None:
         """Take what the router needs from one answer or chunk of D: the handle, the ids it
         ran and generated, how choice 0 finished, and its text."""
@@ -58,8 +122,8 @@ class DecodeOutput:
         if handle is not None:
             self.handle = handle
         prompt_ids = obj.get("prompt_token_ids")
-        if isinstance(prompt_ids, list) and self.prompt_ids is None:
-            self.prompt_ids = prompt_ids
+        if isinstance(prompt_ids, list | msgspec.Raw) and self._prompt_ids is None:
+            self._prompt_ids = prompt_ids
         for choice in obj.get("choices") or ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
@@ -71,8 +135,8 @@ class DecodeOutput:
                 self.output_ids.extend(ids)
                 self.saw_content = True
             choice_prompt = choice.get("prompt_token_ids")
-            if isinstance(choice_prompt, list) and self.prompt_ids is None:
-                self.prompt_ids = choice_prompt
+            if isinstance(choice_prompt, list | msgspec.Raw) and self._prompt_ids is None:
+                self._prompt_ids = choice_prompt
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
                 self.stop_reason = choice.get("stop_reason")

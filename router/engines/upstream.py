@@ -10,7 +10,7 @@ clients.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -122,9 +122,9 @@ class Upstream:
         *,
         timeout: float,
         headers: Mapping[str, str] | None = None,
-        decoder: msgspec.json.Decoder[Any] | None = None,
+        decode: Callable[[bytes], Any] | None = None,
     ) -> Any:
-        """POST JSON, return the decoded JSON body of a 2xx answer (by ``decoder`` when
+        """POST JSON, return the decoded JSON body of a 2xx answer (by ``decode`` when
         given: a typed answer); ``timeout`` bounds the whole exchange (one timer in the wire,
         no ``asyncio.timeout`` scope: this runs twice a turn)."""
         response = await self._send(
@@ -137,7 +137,7 @@ class Upstream:
                 _message_of(failed, response.status), status=response.status, body=failed
             )
         try:
-            return (decoder or _decoder).decode(content)
+            return (decode or _decoder.decode)(content)
         except msgspec.DecodeError as exc:
             raise EngineFailed(f"{url} answered with invalid JSON") from exc
 

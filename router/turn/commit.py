@@ -121,14 +121,15 @@ def _not_storable(
         return ReleaseCause.NO_CONVERSATION
     if not prepared.storable:
         return ReleaseCause.IDS_DO_NOT_DETERMINE_KV
-    if prepared.ids is not None and output.prompt_ids != prepared.ids:
+    if prepared.ids is not None and not output.ran(prepared.ids, prepared.ids_json):
         # The record would describe the checked ids, the blocks hold what D ran.
         log.warning("decode instance %s ran other prompt ids than were checked", decode.name)
         return ReleaseCause.DECODE_PROMPT_MISMATCH
     ran = prepared.ids if prepared.ids is not None else output.prompt_ids
     if ran is None:
         return ReleaseCause.NO_PROMPT_IDS
-    if prepared.prefill_ids is not None and not same_ids(prepared.prefill_ids, ran):
+    checked_json = prepared.ids_json if prepared.ids is not None else None
+    if prepared.prefill_ids is not None and not same_ids(prepared.prefill_ids, ran, checked_json):
         # D's prompt KV came from P: computed from other ids than the record would say (a P
         # that ignores forwarded ids, or an unchecked turn P rendered differently).
         log.warning("a prefill instance ran other prompt ids than decode was given")

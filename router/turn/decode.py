@@ -26,7 +26,7 @@ from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_decode
 from carryover.router.ledger import HeldHandle, Origin
 from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
-from carryover.router.relay import DecodeOutput
+from carryover.router.relay import DecodeOutput, decode_answer
 from carryover.router.turn.api import engine_api
 from carryover.router.turn.commit import commit
 from carryover.router.turn.costs import decode_local_pays
@@ -137,7 +137,11 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
                 return Started(decode, p_instance, lease, held, first=first, events=events)
             with svc.leg(req, "decode", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
-                    url, body, timeout=svc.config.timeouts.request, headers=req.engine_headers
+                    url,
+                    body,
+                    timeout=svc.config.timeouts.request,
+                    headers=req.engine_headers,
+                    decode=decode_answer,
                 )
             _release_unneeded(svc, req, unneeded)
             return Started(decode, p_instance, lease, held, answer=answer)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
 
+import msgspec
+
 from carryover.router.config import ModelConfig
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.pool import Lease
@@ -18,6 +20,8 @@ from carryover.router.metrics import turn_label
 from carryover.router.tracing import NO_TRACE, TurnTrace
 from carryover.router.turn.prefill_answer import RanIds
 from carryover.state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
+
+_encoder = msgspec.json.Encoder()
 
 __all__ = [
     "DONE_FRAME",
@@ -147,6 +151,20 @@ class Prepared:
         None  # the claimed record's handle in the ledger (router/ledger.py)
     )
     prefill_ids: RanIds | None = None  # the prompt ids P said it ran, when it says
+    _ids_json: bytes | None = None
+
+    @property
+    def ids_json(self) -> bytes:
+        """The checked ids as JSON, encoded once a turn: both legs' bodies embed them and P's
+        answer is compared with them (20k-token prompts: a third of a turn's encoding)."""
+        if self._ids_json is None:
+            self._ids_json = _encoder.encode(self.ids)
+        return self._ids_json
+
+    @property
+    def ids_raw(self) -> msgspec.Raw | None:
+        """The checked ids for a request body (``None``: unchecked)."""
+        return None if self.ids is None else msgspec.Raw(self.ids_json)
 
     @property
     def reused_tokens(self) -> int:

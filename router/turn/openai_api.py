@@ -4,7 +4,9 @@ with the checked ids, and D's answer goes to the client with the internal fields
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import msgspec
 
 from carryover.router.fields import CHAT_FIELDS, COMPLETION_FIELDS
 from carryover.router.fleet.instance import Instance
@@ -28,9 +30,11 @@ _PREFILL_DROP = (
 )
 
 
-def _with_ids(
-    req: TurnRequest, body: dict[str, Any], kv: dict[str, Any], ids: list[int] | None
-) -> None:
+#: The checked ids: a list, or the JSON of one (``Prepared.ids_raw``, encoded once a turn).
+Ids: TypeAlias = list[int] | msgspec.Raw
+
+
+def _with_ids(req: TurnRequest, body: dict[str, Any], kv: dict[str, Any], ids: Ids | None) -> None:
     if ids is not None:
         if req.chat:
             kv["prompt_token_ids"] = (
@@ -41,7 +45,7 @@ def _with_ids(
     body["kv_transfer_params"] = kv
 
 
-def prefill_body(req: TurnRequest, ids: list[int] | None, kv: dict[str, Any]) -> dict[str, Any]:
+def prefill_body(req: TurnRequest, ids: Ids | None, kv: dict[str, Any]) -> dict[str, Any]:
     # An allow-list: P gets only the fields router/fields.py knows. A field vLLM adds later
     # could make P render the prompt itself and cache D's pulled blocks under other ids,
     # which other prompts would then hit; D, which never caches pulled blocks for others,
@@ -57,7 +61,7 @@ def prefill_body(req: TurnRequest, ids: list[int] | None, kv: dict[str, Any]) ->
 
 
 def decode_body(
-    req: TurnRequest, ids: list[int] | None, p_params: dict[str, Any] | None
+    req: TurnRequest, ids: Ids | None, p_params: dict[str, Any] | None
 ) -> dict[str, Any]:
     body = dict(req.body)
     body["model"] = req.model_name
@@ -71,10 +75,10 @@ def decode_body(
 
 class OpenAIApi:
     def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
-        return req.path, prefill_body(req, prepared.ids, kv)
+        return req.path, prefill_body(req, prepared.ids_raw, kv)
 
     def decode(self, req: TurnRequest, prepared: Prepared, p_params: dict[str, Any] | None) -> Leg:
-        return req.path, decode_body(req, prepared.ids, p_params)
+        return req.path, decode_body(req, prepared.ids_raw, p_params)
 
     def release(self, model_name: str, kv: dict[str, Any]) -> Leg:
         body = {"model": model_name, "prompt": [0], "max_tokens": 1, "kv_transfer_params": kv}

@@ -53,9 +53,10 @@ def _is_list(raw: msgspec.Raw) -> bool:
     return memoryview(raw)[:1].tobytes() == b"["
 
 
-def same_ids(ran: RanIds, ids: list[int]) -> bool:
-    """Whether ``ran`` holds exactly ``ids`` (an array that is not all ints does not)."""
-    if ran.json == _encoder.encode(ids):
+def same_ids(ran: RanIds, ids: list[int], ids_json: bytes | None = None) -> bool:
+    """Whether ``ran`` holds exactly ``ids`` (an array that is not all ints does not);
+    ``ids_json``: their JSON, when it is at hand."""
+    if ran.json == (ids_json if ids_json is not None else _encoder.encode(ids)):
         return True
     try:
         return _ids.decode(ran.json) == ids
