@@ -17,10 +17,13 @@ _ids = msgspec.json.Decoder(list[int])
 
 _IDS_KEY = b'"prompt_token_ids":'
 _NOT_A_FLAT_ARRAY = (b"[", b"{", b'"')
+#: What stands in the cut array's place until it is put back there (any other
+#: ``prompt_token_ids`` holds null).
+_CUT = "\u0000carryover-prompt-ids"
 
 
 def _cut_ids(content: bytes) -> tuple[bytes, bytes] | None:
-    """``content`` with its one prompt id array replaced by ``null``, and that array's JSON;
+    """``content`` with its one prompt id array replaced by ``_CUT``, and that array's JSON;
     ``None`` unless exactly one ``"prompt_token_ids"`` key holds a flat array (any others
     ``null``). Such a key's closing quote is unescaped, so it cannot lie inside a string,
     and every key of D's answer is vLLM's own."""
@@ -43,7 +46,7 @@ def _cut_ids(content: bytes) -> tuple[bytes, bytes] | None:
     if cut is None:
         return None
     start, end = cut
-    return content[:start] + b"null" + content[end:], content[start:end]
+    return content[:start] + _encoder.encode(_CUT) + content[end:], content[start:end]
 
 
 def decode_answer(content: bytes) -> Any:
@@ -57,7 +60,7 @@ def decode_answer(content: bytes) -> Any:
     obj = _decoder.decode(body)
     holders = [obj, *(obj.get("choices") or ())] if isinstance(obj, dict) else []
     for holder in holders:
-        if isinstance(holder, dict) and holder.get("prompt_token_ids", False) is None:
+        if isinstance(holder, dict) and holder.get("prompt_token_ids") == _CUT:
             holder["prompt_token_ids"] = msgspec.Raw(array)
             return obj
     return _decoder.decode(content)  # the array sat elsewhere: decoded whole

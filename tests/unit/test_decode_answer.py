@@ -82,3 +82,12 @@ def test_other_shapes_are_decoded_whole(content: bytes) -> None:
             decode_answer(content)
         return
     assert decode_answer(content) == want
+
+
+def test_the_ids_go_back_where_they_were_beside_a_null_key() -> None:
+    answer = completion_answer() | {"prompt_token_ids": None}
+    content = json.dumps(answer).encode()
+    output = DecodeOutput(client_wants_ids=True)
+    body = output.body(decode_answer(content))
+    assert json.loads(body) == answer
+    assert output.prompt_ids == IDS
