@@ -87,12 +87,11 @@ def _part_text(part: Any, *, openai_role: bool) -> str | None:
     return text or None
 
 
-def _content(role: str, content: Any) -> str:
-    if isinstance(content, str) and role != "system":
-        return content  # one text part: itself (the common case, without building the part)
-    openai_role = role in _OPENAI_ROLES
+def _raw_parts(role: str, content: Any) -> list[Any]:
+    """A message's content as the list of parts vLLM parses (a string is one text part, a
+    system message loses its billing header line), whatever format the template takes."""
     if content is None:
-        if openai_role and role != "assistant":
+        if role in _OPENAI_ROLES and role != "assistant":
             raise RenderDeclined(f"null content of a {role} message")
         parts: list[Any] = []
     elif isinstance(content, str):
@@ -101,9 +100,14 @@ def _content(role: str, content: Any) -> str:
         parts = content
     else:
         raise RenderDeclined("content that is not a string, a list of parts, or null")
-    if role == "system":
-        parts = _strip_billing_header(parts)
-    texts = (_part_text(part, openai_role=openai_role) for part in parts)
+    return _strip_billing_header(parts) if role == "system" else parts
+
+
+def _content(role: str, content: Any) -> str:
+    if isinstance(content, str) and role != "system":
+        return content  # one text part: itself (the common case, without building the part)
+    openai_role = role in _OPENAI_ROLES
+    texts = (_part_text(part, openai_role=openai_role) for part in _raw_parts(role, content))
     return "\n".join(t for t in texts if t is not None)
 
 
@@ -136,19 +140,8 @@ def _parts(role: str, content: Any) -> list[dict[str, Any]] | str:
     """``content`` as vLLM's OpenAI content format hands it to the template: a list of text
     parts; a tool's back to one string (its texts joined by ``\n``, empty ones kept)."""
     openai_role = role in _OPENAI_ROLES
-    if content is None:
-        if openai_role and role != "assistant":
-            raise RenderDeclined(f"null content of a {role} message")
-        parts: list[Any] = []
-    elif isinstance(content, str):
-        parts = [{"type": "text", "text": content}]
-    elif isinstance(content, list):
-        parts = content
-    else:
-        raise RenderDeclined("content that is not a string, a list of parts, or null")
-    if role == "system":
-        parts = _strip_billing_header(parts)
-    wrapped = [w for w in (_wrapped_part(p, openai_role=openai_role) for p in parts) if w]
+    parts = (_wrapped_part(part, openai_role=openai_role) for part in _raw_parts(role, content))
+    wrapped = [part for part in parts if part is not None]
     if role == "tool":
         return "\n".join(part["text"] for part in wrapped)
     return wrapped

@@ -76,7 +76,7 @@ class SpanEncoder:
         # before a prompt's first added token is then encoded alone, uncached.
         self._anchor = _span_anchor(tokenizer, sorted(self._ids)) if self.enabled else None
         self.enabled = self._anchor is not None
-        self._anchor_ids = len(self._encode_whole(self._anchor)) if self._anchor else 0
+        self._anchor_length = len(self._encode_whole(self._anchor)) if self._anchor else 0
         if self._anchor:
             self._fast = None  # its shape holds for tokenizers whose spans encode alike only
         # Longest first: the tokenizer matches the leftmost longest added token.
@@ -132,7 +132,7 @@ class SpanEncoder:
         else:
             # A turn usually brings two new spans (the last answer and the new message): one
             # batch call lets the tokenizer encode them side by side.
-            anchor, skip = self._anchor or "", self._anchor_ids
+            anchor, skip = self._anchor or "", self._anchor_length
             batch = self._tokenizer.encode_batch_fast(
                 [anchor + span for span in spans], add_special_tokens=False
             )

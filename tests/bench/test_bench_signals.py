@@ -55,7 +55,7 @@ def test_sigterm_stops_the_simulated_engines_a_benchmark_started(tmp_path: Path)
                 os.kill(pid, signal.SIGKILL)
 
 
-_IDLE = "import time; time.sleep(120)"
+_IDLE = "import signal; signal.pause()"  # until the topology's stop signals it
 
 
 def test_sigterm_while_a_child_starts_still_stops_that_child(
