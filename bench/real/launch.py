@@ -80,6 +80,9 @@ def ensure_model(family: str = "qwen3") -> Path:
 
 
 _API_SERVER = "vllm.entrypoints.openai.api_server"
+#: On every engine process's path: NIXL's progress thread waits instead of spinning
+#: (engine_site/sitecustomize.py).
+ENGINE_SITE = Path(__file__).parent / "engine_site"
 
 
 def _serve_args(model: Path, port: int, name: str = SERVED_NAME) -> list[str]:
@@ -203,6 +206,7 @@ class VllmPair:
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(instance.side_port),
             VLLM_LOGGING_LEVEL="INFO",
+            PYTHONPATH=str(ENGINE_SITE),
         )
         if self.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"

