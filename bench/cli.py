@@ -11,6 +11,7 @@ from pathlib import Path
 from types import FrameType
 
 from carryover.bench.multiturn import ARMS, run_arms
+from carryover.bench.placement import parse_cpus
 from carryover.bench.report import Slo, render_markdown
 from carryover.bench.workload import Distribution, WorkloadSpec, generate, read_conversations
 
@@ -56,6 +57,13 @@ def _multiturn(args: argparse.Namespace) -> None:
     print(f"written to {args.out}")
 
 
+def _cpus(text: str) -> frozenset[int]:
+    try:
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _fleet(args: argparse.Namespace) -> None:
     from carryover.bench.fleet import run_fleet
 
@@ -76,6 +84,7 @@ def _fleet(args: argparse.Namespace) -> None:
         seed=args.seed,
         stream_interval=args.stream_interval,
         engine_nice=args.engine_nice,
+        router_cpus=args.router_cpus,
         progress=sys.stderr.isatty(),
     )
     print(render_markdown(report))
@@ -242,6 +251,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=10,
         help="niceness of the simulated engines: the routers and the load generator get the "
         "CPU first, as on a fleet where engines have hosts of their own (0: all equal)",
+    )
+    f.add_argument(
+        "--router-cpus",
+        type=_cpus,
+        default=frozenset(),
+        help="CPUs (taskset's list, e.g. 1) of each arm's router, its workers included; the "
+        "engines and the load generator run on the others (default: all share every CPU)",
     )
     f.add_argument("--out", type=Path, default=Path("results/fleet"))
     f.set_defaults(func=_fleet)

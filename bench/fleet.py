@@ -19,6 +19,7 @@ import msgspec
 
 from carryover.bench.multiturn import run_arms
 from carryover.bench.peers import POLICIES
+from carryover.bench.placement import Placement
 from carryover.bench.report import Slo
 from carryover.bench.workload import Distribution, WorkloadSpec, generate
 
@@ -132,9 +133,11 @@ def run_fleet(
     seed: int = 0,
     stream_interval: int = 10,
     engine_nice: int = 0,
+    router_cpus: frozenset[int] = frozenset(),
     progress: bool = False,
 ) -> dict[str, Any]:
     preset = PRESETS[workload]
+    placement = Placement(engine_nice=engine_nice, router_cpus=router_cpus)
     speed = time_scale if engine_speed is None else engine_speed
     spec = WorkloadSpec(
         conversations=conversations or preset.conversations,
@@ -164,6 +167,7 @@ def run_fleet(
         "lifetimes)",
         "engine_speed": f"{speed} (the engines' simulated timing, and the SLO {slo.describe()})",
         "engine_nice": engine_nice,
+        "placement": placement.describe(),
         "spec": msgspec.json.encode(spec).decode(),
     }
     return run_arms(
@@ -185,5 +189,5 @@ def run_fleet(
         progress=progress,
         meta=meta,
         decode_ttl=preset.decode_ttl * time_scale,
-        engine_nice=engine_nice,
+        placement=placement,
     )

@@ -5,19 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
+from carryover.bench.fleet_counters import DecodeSampler, pressure_releases, prompt_sources
 from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
+from carryover.bench.placement import Placement
 from carryover.bench.procs import Process, free_port, topology
+from carryover.bench.proctree import CpuMeter
 from carryover.bench.report import Slo, build_report, write_report
 from carryover.bench.runner import TurnRecord, run_arm
 from carryover.bench.workload import Conversation
@@ -130,96 +129,7 @@ class ArmResult:
     decode_kv: list[tuple[float, float, float, float]] = field(default_factory=list)
     relieved: float | None = None  # handles carryover gave back under KV pressure
     not_kept: float | None = None  # turns' pins carryover gave back at once: D was full
-
-
-_SOURCES = "vllm:prompt_tokens_by_source_total"
-
-
-#: The decoders' gauges the sampler reads: KV use, pinned handles, share held by pins.
-_SAMPLED = ("vllm:kv_cache_usage_perc", "sim:pinned_handles", "sim:pinned_kv_usage_perc")
-
-
-def _gauges(url: str, names: Sequence[str]) -> dict[str, float]:
-    """Each of ``names`` in one read of ``url``'s /metrics, summed over its labels."""
-    found = dict.fromkeys(names, 0.0)
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name in found:
-                found[sample.name] += sample.value
-    return found
-
-
-def _summed(url: str, name: str, by: str | None = None, **labels: str) -> dict[str, float]:
-    """Samples ``name`` of ``url``'s /metrics whose labels include ``labels``, summed by the
-    label ``by`` (one total under "" without it)."""
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                key = sample.labels[by] if by else ""
-                found[key] = found.get(key, 0.0) + sample.value
-    return found
-
-
-class DecodeSampler:
-    """Every ``interval``: the decode instances' mean KV cache use (pins included) and the
-    handles they pin, read from their own /metrics, for as long as an arm runs."""
-
-    def __init__(self, decodes: Sequence[Process], interval: float = 1.0) -> None:
-        # (seconds, mean use, pinned handles, mean share held by pins)
-        self.samples: list[tuple[float, float, float, float]] = []
-        self._decodes, self._interval = list(decodes), interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._started = time.perf_counter()
-
-    def __enter__(self) -> DecodeSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()  # and as the run left them
-
-    def _run(self) -> None:
-        self._started = time.perf_counter()
-        while not self._stop.wait(self._interval if self.samples else 0):
-            self._sample()
-
-    def _sample(self) -> None:
-        if not self._decodes:  # the colocated baseline
-            return
-        try:
-            read = [_gauges(d.url, _SAMPLED) for d in self._decodes]  # one scrape each
-            usage, pinned, pinned_usage = (sum(r[n] for r in read) for n in _SAMPLED)
-            usage, pinned_usage = usage / len(read), pinned_usage / len(read)
-        except httpx.HTTPError:
-            return
-        self.samples.append((time.perf_counter() - self._started, usage, pinned, pinned_usage))
-
-
-def pressure_releases(router_url: str) -> tuple[float, float]:
-    """What a carryover router gave back under decode KV pressure, by its own count: held
-    handles (relief), and new ones not kept because their D was full at the turn's end."""
-    fates = _summed(router_url, "carryover_handle_fates_total", by="cause", fate="released")
-    return fates.get("decode_pressure", 0.0), fates.get("decode_full", 0.0)
-
-
-def engine_prompt_sources(url: str) -> dict[str, float]:
-    """One engine's prompt tokens by source: local_compute, local_cache_hit,
-    external_kv_transfer."""
-    return _summed(url, _SOURCES, by="source")
-
-
-def prompt_sources(engines: Sequence[tuple[str, Process]]) -> dict[str, float]:
-    """Sum each engine's prompt tokens by source, keyed ``role/source``."""
-    totals: dict[str, float] = {}
-    for role, engine in engines:
-        for source, value in engine_prompt_sources(engine.url).items():
-            key = f"{role}/{source}"
-            totals[key] = totals.get(key, 0.0) + value
-    return totals
+    router_cpu: dict[str, Any] | None = None  # CpuMeter.used: the router's process tree
 
 
 def _run_sim_arm(
@@ -233,12 +143,17 @@ def _run_sim_arm(
     progress: bool,
     model: str,
     decode_ttl: float | None,
-    engine_nice: int = 0,
+    placement: Placement,
 ) -> ArmResult:
     flags = arm_flags(arm)
     engines: list[tuple[str, Process]] = []
     name, _, policy = arm.partition(":")
-    with contextlib.ExitStack() as stack, topology(engine_nice=engine_nice) as topo:
+    router: Process | None = None
+    with (
+        contextlib.ExitStack() as stack,
+        placement.load_generator(),
+        topology(placement) as topo,
+    ):
         if name in REDIS and flags is not None:
             flags = [*flags, "--redis", stack.enter_context(local_redis())]
         if flags is None:
@@ -266,10 +181,10 @@ def _run_sim_arm(
                 )
                 for i in range(decodes)
             ]
-            peer = topo.peer(
+            router = topo.peer(
                 "peer", ensure_vllm_router(), vllm_router_args(policy, ps, ds, free_port())
             )
-            url, send_id, command = peer.url, False, " ".join(peer.argv)
+            url, send_id, command = router.url, False, " ".join(router.argv)
             engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         else:
             events = indexed(arm)
@@ -316,6 +231,7 @@ def _run_sim_arm(
             engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         topo.wait()
         decoding = [process for role, process in engines if role == "decode"]
+        cpu = CpuMeter(router.popen.pid) if router is not None else None
         started = time.perf_counter()
         with DecodeSampler(decoding) as sampler:
             records = asyncio.run(
@@ -332,7 +248,14 @@ def _run_sim_arm(
         wall = time.perf_counter() - started
         relieved, not_kept = pressure_releases(url) if send_id else (None, None)
         return ArmResult(
-            records, wall, prompt_sources(engines), command, sampler.samples, relieved, not_kept
+            records,
+            wall,
+            prompt_sources(engines),
+            command,
+            sampler.samples,
+            relieved,
+            not_kept,
+            None if cpu is None else cpu.used(wall, turns=len(records)),
         )
 
 
@@ -351,7 +274,7 @@ def run_arms(
     progress: bool = True,
     meta: dict[str, Any] | None = None,
     decode_ttl: float | None = None,
-    engine_nice: int = 0,
+    placement: Placement | None = None,
 ) -> dict[str, Any]:
     """Every arm in ``arms`` runs on its own fresh simulated topology; ``targets`` maps extra arm
     names to already running endpoints (a router in front of real vLLM, say)."""
@@ -360,6 +283,7 @@ def run_arms(
     sources: dict[str, dict[str, float]] = {}
     commands: dict[str, str] = {}
     decode_kv: dict[str, dict[str, Any]] = {}
+    router_cpu: dict[str, dict[str, Any]] = {}
     report: dict[str, Any] = {}
 
     def written(arm: str) -> None:
@@ -372,6 +296,7 @@ def run_arms(
         )
         report["commands"] = commands
         report["decode_kv"] = decode_kv
+        report["router_cpu"] = router_cpu
         report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
         if progress:
             print(f"  {arm}: done, report so far in {out}", file=sys.stderr)
@@ -387,12 +312,14 @@ def run_arms(
             progress=progress,
             model=model,
             decode_ttl=decode_ttl,
-            engine_nice=engine_nice,
+            placement=placement or Placement(),
         )
         records += result.records
         walls[arm] = result.wall
         sources[arm] = result.sources
         commands[arm] = result.command
+        if result.router_cpu is not None:
+            router_cpu[arm] = result.router_cpu
         usage = [u for _, u, _, _ in result.decode_kv]
         pinned_usage = [u for _, _, _, u in result.decode_kv]
         decode_kv[arm] = {

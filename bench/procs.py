@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from carryover.bench.placement import Placement
 from carryover.bench.ports import free_port
 
 __all__ = ["Process", "Topology", "free_port", "kv_event_flags", "topology"]
@@ -83,10 +84,9 @@ class Topology:
 
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="carryover-")))
     processes: list[Process] = field(default_factory=list)
-    #: Niceness of the simulated engines (and their render server and warm tier). They stand
-    #: in for GPUs on hosts of their own: above 0, a router and the load generator sharing a
-    #: small machine with many of them get the CPU first.
-    engine_nice: int = 0
+    #: Where the simulated engines (and their render server and warm tier) and the routers
+    #: run: engines stand in for GPUs on hosts of their own (bench/placement.py).
+    placement: Placement = field(default_factory=Placement)
 
     def _spawn(
         self,
@@ -155,8 +155,7 @@ class Topology:
         return process
 
     def _engine_command(self) -> tuple[str, ...]:
-        command = (sys.executable, "-m", "carryover")
-        return ("nice", "-n", str(self.engine_nice), *command) if self.engine_nice else command
+        return self.placement.engine_command((sys.executable, "-m", "carryover"))
 
     def sim_render(
         self, name: str, *, model: str = "sim-qwen3", reasoning_parser: str | None = None
@@ -188,11 +187,12 @@ class Topology:
         for d in decode:
             args += ["--decode", d.url]
         args += kv_event_flags(*prefill, *decode)
-        return self._spawn(name, [*args, *flags])
+        command = self.placement.router_command((sys.executable, "-m", "carryover"))
+        return self._spawn(name, [*args, *flags], command=command)
 
     def peer(self, name: str, binary: Path, args: Sequence[str]) -> Process:
         """Another router (``bench/peers.py``), started from its own binary."""
-        return self._spawn(name, args, command=(str(binary),))
+        return self._spawn(name, args, command=self.placement.router_command((str(binary),)))
 
     def wait(self, timeout: float = 180.0) -> None:
         for process in self.processes:
@@ -218,8 +218,8 @@ def kv_event_flags(*engines: Process) -> list[str]:
 
 
 @contextlib.contextmanager
-def topology(*, engine_nice: int = 0) -> Iterator[Topology]:
-    topo = Topology(engine_nice=engine_nice)
+def topology(placement: Placement | None = None) -> Iterator[Topology]:
+    topo = Topology(placement=placement or Placement())
     try:
         yield topo
     finally:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["cpu_seconds", "listening_pid", "rss_mb", "tree"]
+__all__ = ["CpuMeter", "cpu_seconds", "listening_pid", "rss_mb", "tree"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -45,6 +46,25 @@ def cpu_seconds(pid: int) -> float:
         fields = stat.rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime + stime
     return total / _TICKS
+
+
+class CpuMeter:
+    """The CPU a process tree uses from now on (workers it starts later included)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = cpu_seconds(pid)
+
+    def used(self, wall: float, *, turns: int) -> dict[str, Any]:
+        """CPU seconds since the start, per turn, as a share of one core over ``wall``
+        seconds, and the CPUs the process may run on."""
+        seconds = cpu_seconds(self.pid) - self.start
+        return {
+            "cpu_seconds": seconds,
+            "per_turn_ms": seconds / turns * 1000 if turns else None,
+            "core_share": seconds / wall if wall > 0 else None,
+            "cpus": sorted(os.sched_getaffinity(self.pid)),
+        }
 
 
 def rss_mb(pid: int, *, peak: bool = False) -> float:

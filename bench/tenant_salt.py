@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from carryover.bench.multiturn import engine_prompt_sources
+from carryover.bench.fleet_counters import engine_prompt_sources
 from carryover.bench.procs import topology
 
 __all__ = ["ARMS", "run_tenant_salt"]

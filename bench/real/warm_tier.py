@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from carryover.bench.multiturn import engine_prompt_sources
+from carryover.bench.fleet_counters import engine_prompt_sources
 from carryover.bench.ports import free_port
 from carryover.bench.real.launch import SERVED_NAME, _serve_args, ensure_model
 from carryover.bench.real.lmcache import LMCACHE, LmcacheServer, ensure_lmcache_env, multi_connector

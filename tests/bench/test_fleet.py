@@ -4,6 +4,7 @@ client was told of is one D computed, found in its cache or pulled from P)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,10 @@ def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path
 
 def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> None:
     # Through two workers sharing state in the arm's own Redis, on engines at a lower
-    # priority: a conversation's turns meet their handles whichever worker takes them.
+    # priority: a conversation's turns meet their handles whichever worker takes them. The
+    # routers run on a CPU of their own where there are two.
+    cpus = sorted(os.sched_getaffinity(0))
+    router_cpus = frozenset(cpus[-1:]) if len(cpus) > 1 else frozenset()
     report = run_fleet(
         "agent",
         answer_tokens=16,
@@ -84,6 +88,7 @@ def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> N
         conversations=2,
         turns=3,
         engine_nice=10,
+        router_cpus=router_cpus,
     )
     for name, arm in report["arms"].items():
         assert arm["requests"] == 6 and arm["failed"] == 0, (name, arm)
@@ -93,6 +98,14 @@ def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> N
     assert _used_the_conversation(workers["paths"])
     assert "--workers 2 --redis redis://" in report["commands"]["carryover-workers"]
     assert report["meta"]["engine_nice"] == 10
+    # Each router's process tree (the two workers included) ran where it was placed, and
+    # its CPU over the run is reported.
+    for arm in ("carryover-workers", "carryover-no-reuse"):
+        cpu = report["router_cpu"][arm]
+        assert cpu["cpus"] == sorted(router_cpus or cpus), arm
+        assert cpu["cpu_seconds"] > 0 and cpu["per_turn_ms"] > 0, (arm, cpu)
+        assert report["commands"][arm].startswith("taskset") == bool(router_cpus)
+    assert "## Each arm's router: CPU over the run" in Path(report["files"]["markdown"]).read_text()
 
 
 def _used_the_conversation(paths: dict[str, int]) -> bool:

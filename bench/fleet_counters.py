@@ -1,0 +1,105 @@
+"""What the fleet's engines and a router report of an arm, read from their own /metrics:
+prompt tokens by source, the decoders' KV use sampled through the run, and what a carryover
+router gave back under pressure."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from carryover.bench.procs import Process
+
+__all__ = ["DecodeSampler", "engine_prompt_sources", "pressure_releases", "prompt_sources"]
+
+_SOURCES = "vllm:prompt_tokens_by_source_total"
+
+
+#: The decoders' gauges the sampler reads: KV use, pinned handles, share held by pins.
+_SAMPLED = ("vllm:kv_cache_usage_perc", "sim:pinned_handles", "sim:pinned_kv_usage_perc")
+
+
+def _gauges(url: str, names: Sequence[str]) -> dict[str, float]:
+    """Each of ``names`` in one read of ``url``'s /metrics, summed over its labels."""
+    found = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name in found:
+                found[sample.name] += sample.value
+    return found
+
+
+def _summed(url: str, name: str, by: str | None = None, **labels: str) -> dict[str, float]:
+    """Samples ``name`` of ``url``'s /metrics whose labels include ``labels``, summed by the
+    label ``by`` (one total under "" without it)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                key = sample.labels[by] if by else ""
+                found[key] = found.get(key, 0.0) + sample.value
+    return found
+
+
+class DecodeSampler:
+    """Every ``interval``: the decode instances' mean KV cache use (pins included) and the
+    handles they pin, read from their own /metrics, for as long as an arm runs."""
+
+    def __init__(self, decodes: Sequence[Process], interval: float = 1.0) -> None:
+        # (seconds, mean use, pinned handles, mean share held by pins)
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._decodes, self._interval = list(decodes), interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = time.perf_counter()
+
+    def __enter__(self) -> DecodeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()  # and as the run left them
+
+    def _run(self) -> None:
+        self._started = time.perf_counter()
+        while not self._stop.wait(self._interval if self.samples else 0):
+            self._sample()
+
+    def _sample(self) -> None:
+        if not self._decodes:  # the colocated baseline
+            return
+        try:
+            read = [_gauges(d.url, _SAMPLED) for d in self._decodes]  # one scrape each
+            usage, pinned, pinned_usage = (sum(r[n] for r in read) for n in _SAMPLED)
+            usage, pinned_usage = usage / len(read), pinned_usage / len(read)
+        except httpx.HTTPError:
+            return
+        self.samples.append((time.perf_counter() - self._started, usage, pinned, pinned_usage))
+
+
+def pressure_releases(router_url: str) -> tuple[float, float]:
+    """What a carryover router gave back under decode KV pressure, by its own count: held
+    handles (relief), and new ones not kept because their D was full at the turn's end."""
+    fates = _summed(router_url, "carryover_handle_fates_total", by="cause", fate="released")
+    return fates.get("decode_pressure", 0.0), fates.get("decode_full", 0.0)
+
+
+def engine_prompt_sources(url: str) -> dict[str, float]:
+    """One engine's prompt tokens by source: local_compute, local_cache_hit,
+    external_kv_transfer."""
+    return _summed(url, _SOURCES, by="source")
+
+
+def prompt_sources(engines: Sequence[tuple[str, Process]]) -> dict[str, float]:
+    """Sum each engine's prompt tokens by source, keyed ``role/source``."""
+    totals: dict[str, float] = {}
+    for role, engine in engines:
+        for source, value in engine_prompt_sources(engine.url).items():
+            key = f"{role}/{source}"
+            totals[key] = totals.get(key, 0.0) + value
+    return totals
