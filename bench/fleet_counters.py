@@ -13,7 +13,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from carryover.bench.procs import Process
 
-__all__ = ["DecodeSampler", "engine_prompt_sources", "pressure_releases", "prompt_sources"]
+__all__ = [
+    "DecodeSampler",
+    "engine_prompt_sources",
+    "leg_means",
+    "pressure_releases",
+    "prompt_sources",
+]
 
 _SOURCES = "vllm:prompt_tokens_by_source_total"
 
@@ -87,6 +93,14 @@ def pressure_releases(router_url: str) -> tuple[float, float]:
     handles (relief), and new ones not kept because their D was full at the turn's end."""
     fates = _summed(router_url, "carryover_handle_fates_total", by="cause", fate="released")
     return fates.get("decode_pressure", 0.0), fates.get("decode_full", 0.0)
+
+
+def leg_means(router_url: str) -> dict[str, float]:
+    """A carryover router's mean time of each step of its turns (render, claim, prefill,
+    decode, commit...), in milliseconds, by its own ``carryover_leg_seconds``."""
+    sums = _summed(router_url, "carryover_leg_seconds_sum", by="leg")
+    counts = _summed(router_url, "carryover_leg_seconds_count", by="leg")
+    return {leg: sums.get(leg, 0.0) / n * 1000 for leg, n in sorted(counts.items()) if n}
 
 
 def engine_prompt_sources(url: str) -> dict[str, float]:

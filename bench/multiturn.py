@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from carryover.bench.fleet_counters import DecodeSampler, pressure_releases, prompt_sources
+from carryover.bench.fleet_counters import (
+    DecodeSampler,
+    leg_means,
+    pressure_releases,
+    prompt_sources,
+)
 from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
 from carryover.bench.placement import Placement
@@ -44,6 +49,8 @@ ARMS: dict[str, list[str] | None] = {
     "carryover-tokens-per-load": ["--affinity-tokens-per-load", "0"],
     # The index with another slack: how much busier than the least loaded a holder may be.
     "carryover-affinity-slack": ["--affinity-slack", "0"],
+    # Another fixed price of a pull (``carryover-pull-tokens:1000``; docs/turn-costs.md).
+    "carryover-pull-tokens": ["--cost-pull-tokens", "32"],
     # Every P also reaches a simulated warm tier (LMCache's server, docs/warm-tier.md): a turn
     # without a handle loads what the tier holds of its history.
     "carryover-warm": [],
@@ -66,6 +73,7 @@ INDEXED = frozenset(
         "carryover-decode-local",
         "carryover-tokens-per-load",
         "carryover-affinity-slack",
+        "carryover-pull-tokens",
         "carryover-warm",
     }
 )
@@ -80,6 +88,7 @@ _SETTING: dict[str, tuple[str, type]] = {
     "carryover-decode-local": ("--decode-local-max-tokens", int),
     "carryover-tokens-per-load": ("--affinity-tokens-per-load", int),
     "carryover-affinity-slack": ("--affinity-slack", int),
+    "carryover-pull-tokens": ("--cost-pull-tokens", int),
     "carryover-pin-limit": ("--decode-kv-pin-limit", float),
     "carryover-tokens": ("--stream-interval", float),
 }
@@ -130,6 +139,7 @@ class ArmResult:
     relieved: float | None = None  # handles carryover gave back under KV pressure
     not_kept: float | None = None  # turns' pins carryover gave back at once: D was full
     router_cpu: dict[str, Any] | None = None  # CpuMeter.used: the router's process tree
+    legs: dict[str, float] | None = None  # a carryover router's mean ms per step of a turn
 
 
 def _run_sim_arm(
@@ -256,6 +266,7 @@ def _run_sim_arm(
             relieved,
             not_kept,
             None if cpu is None else cpu.used(wall, turns=len(records)),
+            leg_means(url) if send_id else None,
         )
 
 
@@ -284,6 +295,7 @@ def run_arms(
     commands: dict[str, str] = {}
     decode_kv: dict[str, dict[str, Any]] = {}
     router_cpu: dict[str, dict[str, Any]] = {}
+    legs: dict[str, dict[str, float]] = {}
     report: dict[str, Any] = {}
 
     def written(arm: str) -> None:
@@ -297,6 +309,7 @@ def run_arms(
         report["commands"] = commands
         report["decode_kv"] = decode_kv
         report["router_cpu"] = router_cpu
+        report["router_legs"] = legs
         report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
         if progress:
             print(f"  {arm}: done, report so far in {out}", file=sys.stderr)
@@ -320,6 +333,8 @@ def run_arms(
         commands[arm] = result.command
         if result.router_cpu is not None:
             router_cpu[arm] = result.router_cpu
+        if result.legs is not None:
+            legs[arm] = result.legs
         usage = [u for _, u, _, _ in result.decode_kv]
         pinned_usage = [u for _, _, _, u in result.decode_kv]
         decode_kv[arm] = {

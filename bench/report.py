@@ -299,6 +299,14 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| {arm} | {_fmt(cpu['cpu_seconds'])} | {_fmt(cpu['per_turn_ms'])} "
                 f"| {_percent(cpu['core_share'])} | {','.join(map(str, cpu['cpus']))} |"
             )
+    legs = report.get("router_legs") or {}
+    if legs:
+        steps = sorted({step for arm_legs in legs.values() for step in arm_legs})
+        lines += ["", "## carryover's turns, step by step (mean ms, its carryover_leg_seconds)", ""]
+        lines += ["| arm | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
+        for arm, arm_legs in legs.items():
+            cells = [_fmt(arm_legs.get(step)) for step in steps]
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
     if commands:
         lines += ["", "## Each arm's router, as started", ""]

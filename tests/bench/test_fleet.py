@@ -106,6 +106,10 @@ def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> N
         assert cpu["cpu_seconds"] > 0 and cpu["per_turn_ms"] > 0, (arm, cpu)
         assert report["commands"][arm].startswith("taskset") == bool(router_cpus)
     assert "## Each arm's router: CPU over the run" in Path(report["files"]["markdown"]).read_text()
+    # Where each carryover arm's turns spent their time, by the router's own histogram.
+    for arm in ("carryover-workers", "carryover-no-reuse"):
+        legs = report["router_legs"][arm]
+        assert legs["prefill"] > 0 and legs["decode"] > 0, (arm, legs)
 
 
 def _used_the_conversation(paths: dict[str, int]) -> bool:
