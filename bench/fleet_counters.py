@@ -100,7 +100,13 @@ def leg_means(router_url: str) -> dict[str, float]:
     decode, commit...), in milliseconds, by its own ``carryover_leg_seconds``."""
     sums = _summed(router_url, "carryover_leg_seconds_sum", by="leg")
     counts = _summed(router_url, "carryover_leg_seconds_count", by="leg")
-    return {leg: sums.get(leg, 0.0) / n * 1000 for leg, n in sorted(counts.items()) if n}
+    means = {leg: sums.get(leg, 0.0) / n * 1000 for leg, n in sorted(counts.items()) if n}
+    # The whole request as the router's handler saw it (carryover_request_seconds).
+    whole = _summed(router_url, "carryover_request_seconds_sum")
+    requests = _summed(router_url, "carryover_request_seconds_count")
+    if requests.get(""):
+        means["whole request"] = whole.get("", 0.0) / requests[""] * 1000
+    return means
 
 
 def engine_prompt_sources(url: str) -> dict[str, float]:
