@@ -22,7 +22,7 @@ from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
 from carryover.bench.placement import Placement
 from carryover.bench.procs import Process, free_port, topology
 from carryover.bench.proctree import CpuMeter
-from carryover.bench.report import Slo, build_report, write_report
+from carryover.bench.report import Slo, build_report, lag_summary, write_report
 from carryover.bench.runner import TurnRecord, run_arm
 from carryover.bench.workload import Conversation
 
@@ -140,6 +140,7 @@ class ArmResult:
     not_kept: float | None = None  # turns' pins carryover gave back at once: D was full
     router_cpu: dict[str, Any] | None = None  # CpuMeter.used: the router's process tree
     legs: dict[str, float] | None = None  # a carryover router's mean ms per step of a turn
+    client_lag: dict[str, float] | None = None  # lag_summary of the load generator's loop
 
 
 def _run_sim_arm(
@@ -243,6 +244,7 @@ def _run_sim_arm(
         decoding = [process for role, process in engines if role == "decode"]
         cpu = CpuMeter(router.popen.pid) if router is not None else None
         started = time.perf_counter()
+        lags: list[float] = []
         with DecodeSampler(decoding) as sampler:
             records = asyncio.run(
                 run_arm(
@@ -253,6 +255,7 @@ def _run_sim_arm(
                     send_conversation_id=send_id,
                     session_header=name == PEER,
                     progress=progress,
+                    loop_lag=lags,
                 )
             )
         wall = time.perf_counter() - started
@@ -267,6 +270,7 @@ def _run_sim_arm(
             not_kept,
             None if cpu is None else cpu.used(wall, turns=len(records)),
             leg_means(url) if send_id else None,
+            lag_summary(lags),
         )
 
 
@@ -296,6 +300,7 @@ def run_arms(
     decode_kv: dict[str, dict[str, Any]] = {}
     router_cpu: dict[str, dict[str, Any]] = {}
     legs: dict[str, dict[str, float]] = {}
+    client_lag: dict[str, dict[str, float]] = {}
     report: dict[str, Any] = {}
 
     def written(arm: str) -> None:
@@ -310,6 +315,7 @@ def run_arms(
         report["decode_kv"] = decode_kv
         report["router_cpu"] = router_cpu
         report["router_legs"] = legs
+        report["client_lag"] = client_lag
         report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
         if progress:
             print(f"  {arm}: done, report so far in {out}", file=sys.stderr)
@@ -335,6 +341,8 @@ def run_arms(
             router_cpu[arm] = result.router_cpu
         if result.legs is not None:
             legs[arm] = result.legs
+        if result.client_lag is not None:
+            client_lag[arm] = result.client_lag
         usage = [u for _, u, _, _ in result.decode_kv]
         pinned_usage = [u for _, _, _, u in result.decode_kv]
         decode_kv[arm] = {

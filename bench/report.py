@@ -210,6 +210,18 @@ def build_report(
     return {"meta": meta or {}, "slo": slo.describe(), "baseline_arm": baseline_arm, "arms": arms}
 
 
+def lag_summary(lags: Sequence[float]) -> dict[str, float] | None:
+    """How late a loop ran its timers (seconds in, milliseconds out); None without samples."""
+    if not lags:
+        return None
+    return {
+        "mean_ms": sum(lags) / len(lags) * 1000,
+        "p50_ms": percentile(lags, 50) * 1000,
+        "p99_ms": percentile(lags, 99) * 1000,
+        "max_ms": max(lags) * 1000,
+    }
+
+
 def _fmt(value: Any, digits: int = 1) -> str:
     if value is None:
         return "-"
@@ -307,6 +319,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         for arm, arm_legs in legs.items():
             cells = [_fmt(arm_legs.get(step)) for step in steps]
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lag = report.get("client_lag") or {}
+    if lag:
+        lines += ["", "## The load generator's own event loop: how late its 20 ms timer ran", ""]
+        lines += ["| arm | mean (ms) | p50 | p99 | max |", "|---|---|---|---|---|"]
+        for arm, late in lag.items():
+            lines.append(
+                f"| {arm} | {late['mean_ms']:.1f} | {late['p50_ms']:.1f} "
+                f"| {late['p99_ms']:.1f} | {late['max_ms']:.1f} |"
+            )
     commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
     if commands:
         lines += ["", "## Each arm's router, as started", ""]

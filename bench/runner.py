@@ -153,7 +153,11 @@ async def run_arm(
     session_header: bool = False,
     progress: bool = True,
     timeout: float = 600.0,
+    loop_lag: list[float] | None = None,
 ) -> list[TurnRecord]:
+    """Every conversation's turns against ``url``. ``loop_lag``, when given, receives how late
+    the load generator's own event loop ran a timer set every 20 ms, through the arm: a
+    client that lags adds its lag to every turn it times."""
     total = sum(len(c.users) for c in conversations)
     bar = _Progress(arm, total, progress)
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
@@ -198,5 +202,18 @@ async def run_arm(
                 if conversation.think_ms[turn]:
                     await asyncio.sleep(conversation.think_ms[turn] / 1000)
 
-        await asyncio.gather(*(converse(c) for c in conversations))
+        watching = asyncio.create_task(_watch_lag(loop_lag)) if loop_lag is not None else None
+        try:
+            await asyncio.gather(*(converse(c) for c in conversations))
+        finally:
+            if watching is not None:
+                watching.cancel()
     return records
+
+
+async def _watch_lag(lags: list[float], every: float = 0.02) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + every
+        await asyncio.sleep(every)
+        lags.append(max(0.0, loop.time() - due))

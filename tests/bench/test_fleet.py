@@ -110,6 +110,8 @@ def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> N
     for arm in ("carryover-workers", "carryover-no-reuse"):
         legs = report["router_legs"][arm]
         assert legs["prefill"] > 0 and legs["decode"] > 0, (arm, legs)
+        # The load generator watched its own loop through the arm.
+        assert report["client_lag"][arm]["max_ms"] >= report["client_lag"][arm]["p50_ms"] >= 0
 
 
 def _used_the_conversation(paths: dict[str, int]) -> bool:

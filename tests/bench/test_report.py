@@ -7,7 +7,14 @@ import pytest
 
 from carryover.bench import multiturn
 from carryover.bench.multiturn import ArmResult, arm_flags
-from carryover.bench.report import Slo, answers_differing, build_report, percentile, render_markdown
+from carryover.bench.report import (
+    Slo,
+    answers_differing,
+    build_report,
+    lag_summary,
+    percentile,
+    render_markdown,
+)
 from carryover.bench.runner import TurnRecord
 
 
@@ -136,3 +143,12 @@ def test_a_run_stopped_in_an_arm_keeps_the_report_of_the_arms_before(
     report = json.loads((tmp_path / "report.json").read_text())
     assert list(report["arms"]) == ["carryover"]
     assert (tmp_path / "report.md").read_text().count("| carryover |") >= 1
+
+
+def test_a_loops_lag_is_summarized_in_milliseconds() -> None:
+    assert lag_summary([]) is None
+    late = lag_summary([0.0, 0.001, 0.002, 0.1])
+    assert late is not None
+    assert late["max_ms"] == pytest.approx(100.0)
+    assert late["p50_ms"] == pytest.approx(1.5)
+    assert late["mean_ms"] == pytest.approx(25.75)
