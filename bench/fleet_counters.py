@@ -97,7 +97,8 @@ def pressure_releases(router_url: str) -> tuple[float, float]:
 
 def leg_means(router_url: str) -> dict[str, float]:
     """A carryover router's mean time of each step of its turns (render, claim, prefill,
-    decode, commit...), in milliseconds, by its own ``carryover_leg_seconds``."""
+    decode, commit...), of its whole request and of its event loop's lag, in milliseconds,
+    by its own histograms."""
     sums = _summed(router_url, "carryover_leg_seconds_sum", by="leg")
     counts = _summed(router_url, "carryover_leg_seconds_count", by="leg")
     means = {leg: sums.get(leg, 0.0) / n * 1000 for leg, n in sorted(counts.items()) if n}
@@ -106,6 +107,10 @@ def leg_means(router_url: str) -> dict[str, float]:
     requests = _summed(router_url, "carryover_request_seconds_count")
     if requests.get(""):
         means["whole request"] = whole.get("", 0.0) / requests[""] * 1000
+    lag = _summed(router_url, "carryover_event_loop_lag_seconds_sum")
+    timers = _summed(router_url, "carryover_event_loop_lag_seconds_count")
+    if timers.get(""):
+        means["loop lag"] = lag.get("", 0.0) / timers[""] * 1000
     return means
 
 

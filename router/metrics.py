@@ -158,6 +158,13 @@ class RouterMetrics:
             buckets=_LATENCY,
             registry=r,
         )
+        self.loop_lag = Histogram(
+            "carryover_event_loop_lag_seconds",
+            "How late the worker's event loop ran a timer set every 0.1 s: what every request "
+            "waits beyond its own work at each step.",
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.legs = Histogram(
             "carryover_leg_seconds",
             "Time of each step of a turn.",

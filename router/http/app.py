@@ -40,6 +40,7 @@ from carryover.router.http.services import Services, json_response
 from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.service import KvEvents
 from carryover.router.ledger import Origin
+from carryover.router.loop_lag import watch_loop_lag
 from carryover.router.memory import trim_heap
 from carryover.router.metrics import RouterMetrics
 from carryover.router.outcomes import ReleaseCause
@@ -221,6 +222,7 @@ def create_app(
             for model in config.models
             if model.tokens_only
         ]
+        lagging = asyncio.create_task(watch_loop_lag(metrics_.loop_lag))
         publishing = asyncio.create_task(metrics_.publish_forever())
         draining = asyncio.create_task(
             refresh_draining_forever(backend, pool, metrics_, config.health_interval)
@@ -242,6 +244,7 @@ def create_app(
                 counting.cancel()
             relief.cancel()
             publishing.cancel()
+            lagging.cancel()
             draining.cancel()
             renderers.stop()
             await kv.stop()
