@@ -12,6 +12,7 @@ import httpx
 import msgspec
 
 from carryover.bench.workload import Conversation
+from carryover.router.loop_lag import watch_loop_lag
 
 __all__ = ["TurnRecord", "one_turn", "run_arm"]
 
@@ -202,7 +203,11 @@ async def run_arm(
                 if conversation.think_ms[turn]:
                     await asyncio.sleep(conversation.think_ms[turn] / 1000)
 
-        watching = asyncio.create_task(_watch_lag(loop_lag)) if loop_lag is not None else None
+        watching = (
+            asyncio.create_task(watch_loop_lag(_Appends(loop_lag), interval=0.02))
+            if loop_lag is not None
+            else None
+        )
         try:
             await asyncio.gather(*(converse(c) for c in conversations))
         finally:
@@ -211,9 +216,8 @@ async def run_arm(
     return records
 
 
-async def _watch_lag(lags: list[float], every: float = 0.02) -> None:
-    loop = asyncio.get_running_loop()
-    while True:
-        due = loop.time() + every
-        await asyncio.sleep(every)
-        lags.append(max(0.0, loop.time() - due))
+class _Appends:
+    """The loop-lag watcher's observer for a plain list."""
+
+    def __init__(self, into: list[float]) -> None:
+        self.observe = into.append
