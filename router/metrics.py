@@ -165,6 +165,14 @@ class RouterMetrics:
             buckets=_LATENCY,
             registry=r,
         )
+        self.gc_pauses = Histogram(
+            "carryover_gc_pause_seconds",
+            "Length of each garbage collection pass, by generation: the worker's loop stops "
+            "while it runs.",
+            ["generation"],
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.legs = Histogram(
             "carryover_leg_seconds",
             "Time of each step of a turn.",

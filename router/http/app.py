@@ -41,7 +41,6 @@ from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.service import KvEvents
 from carryover.router.ledger import Origin
 from carryover.router.loop_lag import watch_loop_lag
-from carryover.router.memory import trim_heap
 from carryover.router.metrics import RouterMetrics
 from carryover.router.outcomes import ReleaseCause
 from carryover.router.render.choose import Renderers
@@ -222,13 +221,14 @@ def create_app(
             for model in config.models
             if model.tokens_only
         ]
-        lagging = asyncio.create_task(watch_loop_lag(metrics_.loop_lag))
+        lagging = asyncio.create_task(
+            watch_loop_lag(metrics_.loop_lag, collections=metrics_.gc_pauses)
+        )
         publishing = asyncio.create_task(metrics_.publish_forever())
         draining = asyncio.create_task(
             refresh_draining_forever(backend, pool, metrics_, config.health_interval)
         )
         log.info("serving", extra=_summary(config, backend))
-        trim_heap()  # what startup parsed and dropped (the tokenizer's files)
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ from litestar import Litestar
 from carryover.router.config import CONFIG_ENV, RouterConfig
 from carryover.router.http.app import create_app
 from carryover.router.logs import configure_logging
+from carryover.router.memory import settle_heap
 
 __all__ = ["CONFIG_ENV", "build"]
 
@@ -19,4 +20,6 @@ def build() -> Litestar:
     with open(os.environ[CONFIG_ENV], "rb") as file:
         config = msgspec.json.decode(file.read(), type=RouterConfig)
     configure_logging(config.log_level)
-    return create_app(config)
+    app = create_app(config)
+    app.on_startup.append(settle_heap)  # after the lifespan has built everything
+    return app

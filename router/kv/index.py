@@ -93,8 +93,12 @@ class InstanceBlocks:
 
     max_blocks: int = 4_000_000
     block_size: int | None = None
-    #: (tier, engine hash) -> our key.
-    _keys: dict[tuple[Tier, BlockHash], int] = field(default_factory=dict)
+    #: tier -> engine hash -> our key. One dict a tier, not (tier, hash) pairs: a tuple
+    #: holding a ``Tier`` stays tracked by the garbage collector, one per block, and every
+    #: full collection walks them all (a 100 ms stall of the loop at a fleet's few 100k).
+    _keys: dict[Tier, dict[BlockHash, int]] = field(
+        default_factory=lambda: {tier: {} for tier in Tier}
+    )
     #: our key -> the tiers holding it, as the int of a ``Tier``: ``cached`` walks thousands
     #: of blocks a turn, and an ``IntFlag`` operation builds a new member each time.
     _held: dict[int, int] = field(default_factory=dict)
@@ -102,10 +106,11 @@ class InstanceBlocks:
     overflows: int = 0
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return sum(len(keys) for keys in self._keys.values())
 
     def clear(self) -> None:
-        self._keys.clear()
+        for keys in self._keys.values():
+            keys.clear()
         self._held.clear()
 
     def apply(self, event: KVEvent) -> None:
@@ -143,13 +148,13 @@ class InstanceBlocks:
             if found is None:
                 return self._skip(Skipped.UNKNOWN_PARENT, count)
             parent = found
-        keys, held, bit = self._keys, self._held, int(tier)
+        keys, held, bit = self._keys[tier], self._held, int(tier)
         for engine_hash, key in zip(
             event.block_hashes, chain_hashes(event.token_ids, size, parent), strict=True
         ):
-            keys[(tier, engine_hash)] = key
+            keys[engine_hash] = key
             held[key] = held.get(key, 0) | bit
-        if len(self._keys) > self.max_blocks:
+        if len(self) > self.max_blocks:
             # Only lost removals get here; stale entries would never leave otherwise.
             self.overflows += 1
             self.clear()
@@ -157,19 +162,19 @@ class InstanceBlocks:
     def hold(self, keys: Sequence[int], tier: Tier) -> None:
         """Blocks known held without an event (their chain ``keys``): what the router saw an
         engine write to a warm tier whose events do not reach it (router/kv/warm.py)."""
-        bit = int(tier)
+        bit, known = int(tier), self._keys[tier]
         for key in keys:
-            self._keys[(tier, key)] = key
+            known[key] = key
             self._held[key] = self._held.get(key, 0) | bit
-        if len(self._keys) > self.max_blocks:
+        if len(self) > self.max_blocks:
             self.overflows += 1
             self.clear()
 
     def _parent(self, engine_hash: BlockHash, tier: Tier) -> int | None:
-        found = self._keys.get((tier, engine_hash))
+        found = self._keys[tier].get(engine_hash)
         if found is None:
-            for other in Tier:
-                found = self._keys.get((other, engine_hash))
+            for keys in self._keys.values():
+                found = keys.get(engine_hash)
                 if found is not None:
                     break
         return found
@@ -178,9 +183,9 @@ class InstanceBlocks:
         if event.group_idx not in (None, 0):
             return
         tier = Tier.of(event.medium)
-        bit = int(tier)
+        bit, known = int(tier), self._keys[tier]
         for engine_hash in event.block_hashes:
-            key = self._keys.pop((tier, engine_hash), None)
+            key = known.pop(engine_hash, None)
             if key is None:
                 continue
             left = self._held.get(key, 0) & ~bit

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
@@ -82,7 +83,9 @@ class SpanEncoder:
         # Longest first: the tokenizer matches the leftmost longest added token.
         alternatives = sorted(self._ids, key=len, reverse=True)
         self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
-        self._spans: OrderedDict[str, list[int]] = OrderedDict()
+        # Tuples, not lists: a tuple of ints leaves the garbage collector's sight, a list of
+        # 16M characters' ids would be walked by every full collection.
+        self._spans: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()  # renders run in worker threads
         self.hits = 0
@@ -115,8 +118,8 @@ class SpanEncoder:
                 ids.extend(known[part])
         return ids
 
-    def _known(self, spans: list[str]) -> dict[str, list[int]]:
-        found: dict[str, list[int]] = {}
+    def _known(self, spans: list[str]) -> dict[str, Sequence[int]]:
+        found: dict[str, Sequence[int]] = {}
         with self._lock:
             for span in spans:
                 ids = self._spans.get(span)
@@ -126,7 +129,7 @@ class SpanEncoder:
             self.hits += len(found)
         return found
 
-    def _encode_new(self, spans: list[str]) -> dict[str, list[int]]:
+    def _encode_new(self, spans: list[str]) -> dict[str, Sequence[int]]:
         if self._fast is not None:
             encoded = [self._fast.encode(span) for span in spans]
         else:
@@ -141,7 +144,7 @@ class SpanEncoder:
             self.misses += len(spans)
             for span, ids in zip(spans, encoded, strict=True):
                 if span not in self._spans and len(span) <= self.max_chars:
-                    self._spans[span] = ids
+                    self._spans[span] = tuple(ids)
                     self._chars += len(span)
             while self._chars > self.max_chars:
                 old, _ = self._spans.popitem(last=False)

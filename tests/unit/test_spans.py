@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from functools import cache
 from typing import Any
 
@@ -206,3 +207,21 @@ def test_a_sentencepiece_tokenizer_encodes_as_it_does_whole(scheme: str, text: s
     want = tokenizer.encode(text, add_special_tokens=False).ids
     assert encoder.encode(text) == want
     assert encoder.encode(text) == want
+
+
+def test_cached_spans_leave_the_garbage_collector_nothing_to_trace() -> None:
+    """The cache holds up to 16M characters of ids; every full collection would walk them."""
+    encoder = SpanEncoder(
+        qwen3().tokenizer, fast=fast_bpe_for(bundled_qwen3_dir(), qwen3().tokenizer)
+    )
+    encoder.encode("<|im_start|>warm up<|im_end|>")
+    gc.collect()
+    before = len(gc.get_objects())
+    texts = [f"<|im_start|>tool\nresult {n}: " + "word " * 200 + "<|im_end|>" for n in range(300)]
+    for text in texts:
+        assert encoder.encode(text) == whole(text)
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+    hits = encoder.hits
+    assert encoder.encode(texts[0]) == whole(texts[0])  # from the cache, as a tuple
+    assert encoder.hits == hits + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 
 from hypothesis import given
@@ -183,3 +184,21 @@ def test_the_index_agrees_with_a_model_of_the_cache(
     while expected + SIZE <= len(q) and tuple(q[: expected + SIZE]) in present:
         expected += SIZE
     assert blocks.cached(Prompt(q).keys(SIZE)).tokens == expected
+
+
+def test_the_index_leaves_the_garbage_collector_nothing_to_trace() -> None:
+    """Every full collection walks each object the collector tracks: an index of a fleet's
+    blocks (hundreds of thousands) must not add one per block, or the router's loop stalls
+    for a collection's length (tens of ms) under load."""
+    ids = list(range(4 * 2_000))
+    blocks = InstanceBlocks()
+    blocks.apply(stored(ids, 0, 1_000))
+    blocks.apply(stored(ids, 0, 1_000, medium="CPU"))
+    gc.collect()
+    before = len(gc.get_objects())
+    blocks.apply(stored(ids, 1_000, 1_000))
+    blocks.apply(stored(ids, 1_000, 1_000, medium="CPU"))
+    blocks.apply(BlockRemoved(block_hashes=hashes_of(ids, 10)[:5], medium="CPU"))
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50
+    assert blocks.cached(Prompt(ids).keys(SIZE)) == Cached(len(ids), len(ids))
