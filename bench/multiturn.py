@@ -21,7 +21,7 @@ from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
 from carryover.bench.placement import Placement
 from carryover.bench.procs import Process, free_port, topology
-from carryover.bench.proctree import CpuMeter
+from carryover.bench.proctree import CpuMeter, engines_cpu
 from carryover.bench.report import Slo, build_report, lag_summary, write_report
 from carryover.bench.runner import TurnRecord, run_arm
 from carryover.bench.workload import Conversation
@@ -141,6 +141,8 @@ class ArmResult:
     router_cpu: dict[str, Any] | None = None  # CpuMeter.used: the router's process tree
     legs: dict[str, float] | None = None  # a carryover router's mean ms per step of a turn
     client_lag: dict[str, float] | None = None  # lag_summary of the load generator's loop
+    #: The engines' processes' CPU, by role: ms a turn and share of one core over the run.
+    engine_cpu: dict[str, dict[str, float]] | None = None
 
 
 def _run_sim_arm(
@@ -243,6 +245,7 @@ def _run_sim_arm(
         topo.wait()
         decoding = [process for role, process in engines if role == "decode"]
         cpu = CpuMeter(router.popen.pid) if router is not None else None
+        engine_meters = [(role, CpuMeter(process.popen.pid)) for role, process in engines]
         started = time.perf_counter()
         lags: list[float] = []
         with DecodeSampler(decoding) as sampler:
@@ -271,6 +274,7 @@ def _run_sim_arm(
             None if cpu is None else cpu.used(wall, turns=len(records)),
             leg_means(url) if send_id else None,
             lag_summary(lags),
+            engines_cpu(engine_meters, wall, turns=len(records)),
         )
 
 
@@ -301,6 +305,7 @@ def run_arms(
     router_cpu: dict[str, dict[str, Any]] = {}
     legs: dict[str, dict[str, float]] = {}
     client_lag: dict[str, dict[str, float]] = {}
+    engine_cpu: dict[str, dict[str, dict[str, float]]] = {}
     report: dict[str, Any] = {}
 
     def written(arm: str) -> None:
@@ -316,6 +321,7 @@ def run_arms(
         report["router_cpu"] = router_cpu
         report["router_legs"] = legs
         report["client_lag"] = client_lag
+        report["engine_cpu"] = engine_cpu
         report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
         if progress:
             print(f"  {arm}: done, report so far in {out}", file=sys.stderr)
@@ -343,6 +349,8 @@ def run_arms(
             legs[arm] = result.legs
         if result.client_lag is not None:
             client_lag[arm] = result.client_lag
+        if result.engine_cpu is not None:
+            engine_cpu[arm] = result.engine_cpu
         usage = [u for _, u, _, _ in result.decode_kv]
         pinned_usage = [u for _, _, _, u in result.decode_kv]
         decode_kv[arm] = {

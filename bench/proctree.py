@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuMeter", "cpu_seconds", "listening_pid", "rss_mb", "tree"]
+__all__ = ["CpuMeter", "cpu_seconds", "engines_cpu", "listening_pid", "rss_mb", "tree"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -65,6 +66,22 @@ class CpuMeter:
             "core_share": seconds / wall if wall > 0 else None,
             "cpus": sorted(os.sched_getaffinity(self.pid)),
         }
+
+
+def engines_cpu(
+    meters: Sequence[tuple[str, CpuMeter]], wall: float, *, turns: int
+) -> dict[str, dict[str, float]] | None:
+    """The CPU of processes metered by role (``prefill``, ``decode``), summed per role: ms a
+    turn and share of one core over ``wall`` seconds. ``None`` without any."""
+    seconds: dict[str, float] = {}
+    for role, meter in meters:
+        seconds[role] = seconds.get(role, 0.0) + cpu_seconds(meter.pid) - meter.start
+    if not seconds or not turns:
+        return None
+    return {
+        role: {"per_turn_ms": used / turns * 1000, "core_share": used / wall if wall > 0 else 0.0}
+        for role, used in seconds.items()
+    }
 
 
 def rss_mb(pid: int, *, peak: bool = False) -> float:

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from carryover.bench.report_costs import cost_sections, fmt, percent
 from carryover.bench.report_plot import plot
 from carryover.bench.runner import TurnRecord
 
@@ -222,18 +223,6 @@ def lag_summary(lags: Sequence[float]) -> dict[str, float] | None:
     }
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _percent(share: float | None) -> str:
-    return "-" if share is None else f"{share * 100:.0f}%"
-
-
 def render_markdown(report: dict[str, Any]) -> str:
     arms = report["arms"]
     names = list(arms)
@@ -269,10 +258,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         a = arms[name]
         paths = ", ".join(f"{k} {v}" for k, v in sorted(a["paths"].items()))
         lines.append(
-            f"| {name} | {_fmt(a.get('later_ttft_p50_ms'), 0)} / {_fmt(a.get('later_ttft_p99_ms'), 0)} "
-            f"| {_fmt(a['ratio_turn5_turn1'], 2)} | {_fmt(a['ratio_last_turn1'], 2)} "
-            f"| {_fmt(a['itl_p50_ms'])} / {_fmt(a['itl_p99_ms'])} | {a['goodput_share'] * 100:.0f}% "
-            f"| {a['failed']}/{a['requests']} | {_fmt(a['answers_differing_from_baseline'])} | {paths} |"
+            f"| {name} | {fmt(a.get('later_ttft_p50_ms'), 0)} / {fmt(a.get('later_ttft_p99_ms'), 0)} "
+            f"| {fmt(a['ratio_turn5_turn1'], 2)} | {fmt(a['ratio_last_turn1'], 2)} "
+            f"| {fmt(a['itl_p50_ms'])} / {fmt(a['itl_p99_ms'])} | {a['goodput_share'] * 100:.0f}% "
+            f"| {a['failed']}/{a['requests']} | {fmt(a['answers_differing_from_baseline'])} | {paths} |"
         )
     lines += _sources_table(arms)
     lines += ["", f"Goodput: share of turns within the SLO ({report['slo']})."]
@@ -296,38 +285,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("|---|---|---|---|---|---|---|")
         for arm, kv in decode_kv.items():
             lines.append(
-                f"| {arm} | {_percent(kv['kv_usage_mean'])} | {_percent(kv['kv_usage_peak'])} "
-                f"| {_percent(kv.get('pinned_usage_peak'))} "
-                f"| {_fmt(kv['pinned_handles_peak'], 0)} | {_fmt(kv['relieved_handles'], 0)} "
-                f"| {_fmt(kv.get('pins_not_kept'), 0)} |"
+                f"| {arm} | {percent(kv['kv_usage_mean'])} | {percent(kv['kv_usage_peak'])} "
+                f"| {percent(kv.get('pinned_usage_peak'))} "
+                f"| {fmt(kv['pinned_handles_peak'], 0)} | {fmt(kv['relieved_handles'], 0)} "
+                f"| {fmt(kv.get('pins_not_kept'), 0)} |"
             )
-    router_cpu = report.get("router_cpu") or {}
-    if router_cpu:
-        lines += ["", "## Each arm's router: CPU over the run (its process tree, from /proc)", ""]
-        lines += ["| arm | CPU seconds | per turn (ms) | share of one core | CPUs it ran on |"]
-        lines.append("|---|---|---|---|---|")
-        for arm, cpu in router_cpu.items():
-            lines.append(
-                f"| {arm} | {_fmt(cpu['cpu_seconds'])} | {_fmt(cpu['per_turn_ms'])} "
-                f"| {_percent(cpu['core_share'])} | {','.join(map(str, cpu['cpus']))} |"
-            )
-    legs = report.get("router_legs") or {}
-    if legs:
-        steps = sorted({step for arm_legs in legs.values() for step in arm_legs})
-        lines += ["", "## carryover's turns, step by step (mean ms, its carryover_leg_seconds)", ""]
-        lines += ["| arm | " + " | ".join(steps) + " |", "|---|" + "---|" * len(steps)]
-        for arm, arm_legs in legs.items():
-            cells = [_fmt(arm_legs.get(step)) for step in steps]
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-    lag = report.get("client_lag") or {}
-    if lag:
-        lines += ["", "## The load generator's own event loop: how late its 20 ms timer ran", ""]
-        lines += ["| arm | mean (ms) | p50 | p99 | max |", "|---|---|---|---|---|"]
-        for arm, late in lag.items():
-            lines.append(
-                f"| {arm} | {late['mean_ms']:.1f} | {late['p50_ms']:.1f} "
-                f"| {late['p99_ms']:.1f} | {late['max_ms']:.1f} |"
-            )
+    lines += cost_sections(report)
     commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
     if commands:
         lines += ["", "## Each arm's router, as started", ""]

@@ -105,7 +105,14 @@ def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> N
         assert cpu["cpus"] == sorted(router_cpus or cpus), arm
         assert cpu["cpu_seconds"] > 0 and cpu["per_turn_ms"] > 0, (arm, cpu)
         assert report["commands"][arm].startswith("taskset") == bool(router_cpus)
-    assert "## Each arm's router: CPU over the run" in Path(report["files"]["markdown"]).read_text()
+    markdown = Path(report["files"]["markdown"]).read_text()
+    assert "## Each arm's router: CPU over the run" in markdown
+    # So is the simulated engines' CPU, by role: both served every turn.
+    for arm in ("carryover-workers", "carryover-no-reuse"):
+        used = report["engine_cpu"][arm]
+        assert set(used) == {"prefill", "decode"}, (arm, used)
+        assert all(u["per_turn_ms"] > 0 and u["core_share"] > 0 for u in used.values()), used
+    assert "## The simulated engines' CPU" in markdown
     # Where each carryover arm's turns spent their time, by the router's own histogram.
     for arm in ("carryover-workers", "carryover-no-reuse"):
         legs = report["router_legs"][arm]
