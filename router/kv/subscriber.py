@@ -54,6 +54,22 @@ class ResetCause(StrEnum):
     OVERFLOW = "overflow"
 
 
+#: Batches read at most per wake: an engine that never stops publishing still lets the loop
+#: (and the instance's monitor) have a turn.
+_READ_AT_ONCE = 64
+
+
+def _read_waiting(socket: zmq.Socket[bytes]) -> list[list[bytes]]:
+    """The messages waiting on ``socket``, without blocking."""
+    messages: list[list[bytes]] = []
+    for _ in range(_READ_AT_ONCE):
+        try:
+            messages.append(socket.recv_multipart(zmq.NOBLOCK))
+        except zmq.Again:
+            break
+    return messages
+
+
 class EventSubscriber:
     """Keeps ``blocks`` true to the events of the engine at ``endpoint``."""
 
@@ -100,6 +116,10 @@ class EventSubscriber:
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         sub.connect(self.endpoint)
+        # Once the poll says batches are waiting, all of them are read by plain non-blocking
+        # calls on the same socket: the asyncio socket's poll and receive futures cost more
+        # than a decode step's batch does to apply, and a busy engine leaves several waiting.
+        waiting: zmq.Socket[bytes] = zmq.Socket.shadow(sub)
         connected_before = False
         try:
             if self.replay_endpoint is not None:
@@ -113,11 +133,11 @@ class EventSubscriber:
                             self.restarted()
                         connected_before = True
                     continue  # the data socket is read on the next turn of the loop
-                frames = await sub.recv_multipart()
-                if len(frames) != 3:
-                    continue
-                _, seq_bytes, payload = frames
-                await self._receive(int.from_bytes(seq_bytes, "big", signed=True), payload)
+                for frames in _read_waiting(waiting):
+                    if len(frames) != 3:
+                        continue
+                    _, seq_bytes, payload = frames
+                    await self._receive(int.from_bytes(seq_bytes, "big", signed=True), payload)
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)

@@ -1,0 +1,125 @@
+"""What the KV-event subscription costs the router's process: CPU per batch applied, with
+engines publishing decode steps' batches (one new block of 16 tokens each, as a streaming
+decoder does) at a steady rate. Each publisher is a process of its own; the subscriptions run
+in this process on one event loop, as in a router worker, and the process's CPU time is
+measured from the first batch to the last one applied.
+
+    python -m carryover.bench.events_bench [--publishers 8] [--rate 100] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import random
+import time
+
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from carryover.bench.ports import free_port
+from carryover.router.kv.events import BlockStored, KVEventBatch, encode_batch
+from carryover.router.kv.index import KvIndex
+from carryover.router.kv.metrics import KvMetrics
+from carryover.router.kv.subscriber import EventSubscriber
+
+__all__ = ["main"]
+
+_BLOCK = 16
+
+
+def _publish(endpoint: str, rate: float, count: int, seed: int) -> None:
+    """``count`` batches at ``rate`` a second, each one block extending the last."""
+    context = zmq.Context()
+    socket = context.socket(zmq.PUB)
+    socket.bind(endpoint)
+    time.sleep(1.0)  # subscribers connect: PUB drops what nobody receives yet
+    rng = random.Random(seed)
+    parent: bytes | None = None
+    start = time.perf_counter()
+    for seq in range(count):
+        block = rng.randbytes(32)
+        batch = KVEventBatch(
+            time.time(),
+            [
+                BlockStored(
+                    block_hashes=[block],
+                    parent_block_hash=parent,
+                    token_ids=[rng.randrange(150_000) for _ in range(_BLOCK)],
+                    block_size=_BLOCK,
+                    lora_id=None,
+                    medium="GPU",
+                    lora_name=None,
+                )
+            ],
+        )
+        parent = block
+        socket.send_multipart((b"", seq.to_bytes(8, "big", signed=True), encode_batch(batch)))
+        pause = start + (seq + 1) / rate - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+    socket.close(linger=1000)
+    context.term()
+
+
+async def _subscribe(endpoints: list[str], count: int) -> tuple[float, float]:
+    """CPU and wall seconds from the first batch applied to the last."""
+    context = zmq.asyncio.Context()
+    index = KvIndex()
+    metrics = KvMetrics(CollectorRegistry())
+    subscribers = [
+        EventSubscriber(
+            f"engine-{n}", endpoint, None, index.of(f"engine-{n}"), metrics, context=context
+        )
+        for n, endpoint in enumerate(endpoints)
+    ]
+    tasks = [asyncio.create_task(s.run()) for s in subscribers]
+    while not any(s.last is not None for s in subscribers):
+        await asyncio.sleep(0.001)
+    cpu, wall = time.process_time(), time.perf_counter()
+    while not all(s.last == count - 1 for s in subscribers):
+        await asyncio.sleep(0.05)
+        if time.perf_counter() - wall > count:  # a lost batch: never reached
+            raise SystemExit("a publisher's batches did not all arrive")
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    context.destroy(linger=0)
+    return cpu, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m carryover.bench.events_bench")
+    parser.add_argument("--publishers", type=int, default=8)
+    parser.add_argument("--rate", type=float, default=100.0, help="batches a second each")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    count = int(args.rate * args.seconds)
+    endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.publishers)]
+    spawn = multiprocessing.get_context("spawn")
+    publishers = [
+        spawn.Process(target=_publish, args=(endpoint, args.rate, count, n))
+        for n, endpoint in enumerate(endpoints)
+    ]
+    for process in publishers:
+        process.start()
+    try:
+        cpu, wall = asyncio.run(_subscribe(endpoints, count))
+    finally:
+        for process in publishers:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    batches = count * args.publishers
+    print(
+        f"{args.publishers} publishers x {args.rate:g} batches/s for {args.seconds:g} s: "
+        f"{batches:,} batches, {cpu / batches * 1e6:.1f} us of CPU each, "
+        f"{cpu / wall * 100:.0f}% of a core"
+    )
+
+
+if __name__ == "__main__":
+    main()
