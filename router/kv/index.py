@@ -102,6 +102,8 @@ class InstanceBlocks:
     #: our key -> the tiers holding it, as the int of a ``Tier``: ``cached`` walks thousands
     #: of blocks a turn, and an ``IntFlag`` operation builds a new member each time.
     _held: dict[int, int] = field(default_factory=dict)
+    #: our keys held on the device: the set ``cached`` checks whole spans of a prompt against.
+    _device: set[int] = field(default_factory=set)
     skipped: dict[Skipped, int] = field(default_factory=dict)
     overflows: int = 0
 
@@ -112,6 +114,7 @@ class InstanceBlocks:
         for keys in self._keys.values():
             keys.clear()
         self._held.clear()
+        self._device.clear()
 
     def apply(self, event: KVEvent) -> None:
         if isinstance(event, BlockStored):
@@ -149,11 +152,12 @@ class InstanceBlocks:
                 return self._skip(Skipped.UNKNOWN_PARENT, count)
             parent = found
         keys, held, bit = self._keys[tier], self._held, int(tier)
-        for engine_hash, key in zip(
-            event.block_hashes, chain_hashes(event.token_ids, size, parent), strict=True
-        ):
+        chain = chain_hashes(event.token_ids, size, parent)
+        for engine_hash, key in zip(event.block_hashes, chain, strict=True):
             keys[engine_hash] = key
             held[key] = held.get(key, 0) | bit
+        if bit == _DEVICE:
+            self._device.update(chain)
         if len(self) > self.max_blocks:
             # Only lost removals get here; stale entries would never leave otherwise.
             self.overflows += 1
@@ -166,6 +170,8 @@ class InstanceBlocks:
         for key in keys:
             known[key] = key
             self._held[key] = self._held.get(key, 0) | bit
+        if bit == _DEVICE:
+            self._device.update(keys)
         if len(self) > self.max_blocks:
             self.overflows += 1
             self.clear()
@@ -188,6 +194,8 @@ class InstanceBlocks:
             key = known.pop(engine_hash, None)
             if key is None:
                 continue
+            if bit == _DEVICE:
+                self._device.discard(key)
             left = self._held.get(key, 0) & ~bit
             if left:
                 self._held[key] = left
@@ -197,12 +205,7 @@ class InstanceBlocks:
     def cached(self, keys: Sequence[int]) -> Cached:
         """How many leading blocks of a prompt (its chain ``keys``) this instance holds."""
         held = self._held
-        device = 0
-        for key in keys:
-            tiers = held.get(key)
-            if tiers is None or not tiers & _DEVICE:
-                break
-            device += 1
+        device = _leading(keys, self._device)
         blocks = device
         for key in islice(keys, device, None):
             if key not in held:
@@ -210,6 +213,20 @@ class InstanceBlocks:
             blocks += 1
         size = self.block_size or 0
         return Cached(blocks * size, device * size)
+
+
+def _leading(keys: Sequence[int], members: set[int]) -> int:
+    """How many of the first ``keys`` are all in ``members``: spans are checked whole by the
+    set (in C), halving on a miss, so a prompt of thousands of blocks costs a few dozen
+    steps rather than a Python step a block (2.6x faster at 2,000: bench/kv_index_bench.py)."""
+    low, high = 0, len(keys)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if members.issuperset(keys[low:middle]):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class Prompt:

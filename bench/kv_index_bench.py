@@ -1,10 +1,14 @@
-"""What the KV-event subscription costs the router's process: CPU per batch applied, with
-engines publishing decode steps' batches (one new block of 16 tokens each, as a streaming
-decoder does) at a steady rate. Each publisher is a process of its own; the subscriptions run
-in this process on one event loop, as in a router worker, and the process's CPU time is
-measured from the first batch to the last one applied.
+"""What the KV index costs the router's process, in two parts:
 
-    python -m carryover.bench.events_bench [--publishers 8] [--rate 100] [--seconds 10]
+- a lookup: how many leading blocks of a prompt an instance holds (``InstanceBlocks.cached``),
+  for a prompt of ``--lookup-blocks`` blocks held whole, the median of many;
+- the subscription: CPU per batch applied, with engines publishing decode steps' batches (one
+  new block of 16 tokens each, as a streaming decoder does) at a steady rate. Each publisher
+  is a process of its own; the subscriptions run in this process on one event loop, as in a
+  router worker, and the process's CPU time is measured from the first batch to the last.
+
+    python -m carryover.bench.kv_index_bench [--publishers 8] [--rate 100] [--seconds 10]
+        [--lookup-blocks 2000]
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import asyncio
 import multiprocessing
 import random
+import statistics
 import time
 
 import zmq
@@ -21,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from carryover.bench.ports import free_port
 from carryover.router.kv.events import BlockStored, KVEventBatch, encode_batch
-from carryover.router.kv.index import KvIndex
+from carryover.router.kv.index import InstanceBlocks, KvIndex, Prompt
 from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.subscriber import EventSubscriber
 
@@ -91,12 +96,41 @@ async def _subscribe(endpoints: list[str], count: int) -> tuple[float, float]:
     return cpu, wall
 
 
+def _lookup_us(blocks: int) -> float:
+    """Median microseconds of one lookup of a prompt held whole."""
+    rng = random.Random(0)
+    ids = [rng.randrange(150_000) for _ in range(blocks * _BLOCK)]
+    held = InstanceBlocks()
+    held.apply(
+        BlockStored(
+            block_hashes=[rng.randbytes(32) for _ in range(blocks)],
+            parent_block_hash=None,
+            token_ids=ids,
+            block_size=_BLOCK,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+        )
+    )
+    keys = Prompt(ids).keys(_BLOCK)
+    assert held.cached(keys).device_tokens == len(ids)
+    times = []
+    for _ in range(200):
+        start = time.perf_counter()
+        held.cached(keys)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m carryover.bench.events_bench")
+    parser = argparse.ArgumentParser(prog="python -m carryover.bench.kv_index_bench")
     parser.add_argument("--publishers", type=int, default=8)
     parser.add_argument("--rate", type=float, default=100.0, help="batches a second each")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--lookup-blocks", type=int, default=2_000)
     args = parser.parse_args()
+    lookup = _lookup_us(args.lookup_blocks)
+    print(f"lookup of a prompt of {args.lookup_blocks:,} blocks held whole: {lookup:.1f} us")
     count = int(args.rate * args.seconds)
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.publishers)]
     spawn = multiprocessing.get_context("spawn")
