@@ -108,7 +108,7 @@ class InstanceBlocks:
     overflows: int = 0
 
     def __len__(self) -> int:
-        return sum(len(keys) for keys in self._keys.values())
+        return sum(map(len, self._keys.values()))
 
     def clear(self) -> None:
         for keys in self._keys.values():
