@@ -218,7 +218,7 @@ class InstanceBlocks:
 def _leading(keys: Sequence[int], members: set[int]) -> int:
     """How many of the first ``keys`` are all in ``members``: spans are checked whole by the
     set (in C), halving on a miss, so a prompt of thousands of blocks costs a few dozen
-    steps rather than a Python step a block (2.6x faster at 2,000: bench/kv_index_bench.py)."""
+    steps rather than a Python step a block (bench/kv_index_bench.py)."""
     low, high = 0, len(keys)
     while low < high:
         middle = (low + high + 1) // 2
