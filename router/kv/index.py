@@ -102,8 +102,10 @@ class InstanceBlocks:
     #: our key -> the tiers holding it, as the int of a ``Tier``: ``cached`` walks thousands
     #: of blocks a turn, and an ``IntFlag`` operation builds a new member each time.
     _held: dict[int, int] = field(default_factory=dict)
-    #: our keys held on the device: the set ``cached`` checks whole spans of a prompt against.
-    _device: set[int] = field(default_factory=set)
+    #: our keys held on the device, which ``cached`` checks whole spans of a prompt against.
+    #: A dict of ints rather than a set: the collector does not track it (it walks a set's
+    #: every member on each full pass).
+    _device: dict[int, None] = field(default_factory=dict)
     skipped: dict[Skipped, int] = field(default_factory=dict)
     overflows: int = 0
 
@@ -157,7 +159,7 @@ class InstanceBlocks:
             keys[engine_hash] = key
             held[key] = held.get(key, 0) | bit
         if bit == _DEVICE:
-            self._device.update(chain)
+            self._device.update(dict.fromkeys(chain))
         if len(self) > self.max_blocks:
             # Only lost removals get here; stale entries would never leave otherwise.
             self.overflows += 1
@@ -171,7 +173,7 @@ class InstanceBlocks:
             known[key] = key
             self._held[key] = self._held.get(key, 0) | bit
         if bit == _DEVICE:
-            self._device.update(keys)
+            self._device.update(dict.fromkeys(keys))
         if len(self) > self.max_blocks:
             self.overflows += 1
             self.clear()
@@ -195,7 +197,7 @@ class InstanceBlocks:
             if key is None:
                 continue
             if bit == _DEVICE:
-                self._device.discard(key)
+                self._device.pop(key, None)
             left = self._held.get(key, 0) & ~bit
             if left:
                 self._held[key] = left
@@ -215,14 +217,15 @@ class InstanceBlocks:
         return Cached(blocks * size, device * size)
 
 
-def _leading(keys: Sequence[int], members: set[int]) -> int:
-    """How many of the first ``keys`` are all in ``members``: spans are checked whole by the
-    set (in C), halving on a miss, so a prompt of thousands of blocks costs a few dozen
-    steps rather than a Python step a block (bench/kv_index_bench.py)."""
+def _leading(keys: Sequence[int], members: dict[int, None]) -> int:
+    """How many of the first ``keys`` are all in ``members``: spans are checked whole (in C),
+    halving on a miss, so a prompt of thousands of blocks costs a few dozen steps rather than
+    a Python step a block (bench/kv_index_bench.py)."""
+    has = members.__contains__
     low, high = 0, len(keys)
     while low < high:
         middle = (low + high + 1) // 2
-        if members.issuperset(keys[low:middle]):
+        if all(map(has, keys[low:middle])):
             low = middle
         else:
             high = middle - 1

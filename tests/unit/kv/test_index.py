@@ -201,4 +201,23 @@ def test_the_index_leaves_the_garbage_collector_nothing_to_trace() -> None:
     blocks.apply(BlockRemoved(block_hashes=hashes_of(ids, 10)[:5], medium="CPU"))
     gc.collect()
     assert len(gc.get_objects()) - before < 50
+    # ... nor a tracked container the size of the index, whose members a pass would visit.
+    assert traced_references(blocks) < 100
     assert blocks.cached(Prompt(ids).keys(SIZE)) == Cached(len(ids), len(ids))
+
+
+def traced_references(root: object) -> int:
+    """How many references a full collection follows from ``root``: the referents of every
+    object reachable from it that the collector tracks (classes and what they reach left
+    out: they are the program's, not the index's)."""
+    seen: set[int] = set()
+    waiting, followed = [root], 0
+    while waiting:
+        item = waiting.pop()
+        if id(item) in seen or not gc.is_tracked(item) or isinstance(item, type):
+            continue
+        seen.add(id(item))
+        referents = gc.get_referents(item)
+        followed += len(referents)
+        waiting.extend(referents)
+    return followed
