@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from typing import Any, Protocol
+from collections import deque
+from typing import Protocol
 
 __all__ = ["watch_loop_lag"]
 
@@ -24,19 +25,27 @@ class _ObservesByGeneration(Protocol):
     def labels(self, generation: str) -> _Observes: ...
 
 
-def _timing(collections: _ObservesByGeneration) -> Any:
-    """A ``gc.callbacks`` entry that observes each pass's length by its generation."""
-    by_generation = [collections.labels(str(generation)) for generation in range(3)]
-    started = 0.0
+class _Passes:
+    """Each garbage collection pass's length, noted by a ``gc.callbacks`` entry and observed
+    later on the loop. The callback only appends to a deque: a pass can start inside any
+    allocation, including one made while a metric's lock is held (prometheus_client's
+    multiprocess mode has one lock for every value in the process), so observing there could
+    wait on that lock forever."""
 
-    def on_pass(phase: str, info: dict[str, int]) -> None:
-        nonlocal started
+    def __init__(self) -> None:
+        self.pending: tuple[deque[float], ...] = tuple(deque(maxlen=10_000) for _ in range(3))
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            started = time.perf_counter()
+            self._started = time.perf_counter()
         else:
-            by_generation[info["generation"]].observe(time.perf_counter() - started)
+            self.pending[info["generation"]].append(time.perf_counter() - self._started)
 
-    return on_pass
+    def observe_into(self, collections: _ObservesByGeneration) -> None:
+        for generation, lengths in enumerate(self.pending):
+            while lengths:
+                collections.labels(str(generation)).observe(lengths.popleft())
 
 
 async def watch_loop_lag(
@@ -45,16 +54,18 @@ async def watch_loop_lag(
     collections: _ObservesByGeneration | None = None,
 ) -> None:
     """Forever: set a timer ``interval`` ahead and observe how late it ran; with
-    ``collections``, the length of every garbage collection pass meanwhile."""
+    ``collections``, the length of every garbage collection pass since the last timer."""
     loop = asyncio.get_running_loop()
-    on_pass = _timing(collections) if collections is not None else None
-    if on_pass is not None:
-        gc.callbacks.append(on_pass)
+    passes = _Passes() if collections is not None else None
+    if passes is not None:
+        gc.callbacks.append(passes)
     try:
         while True:
             due = loop.time() + interval
             await asyncio.sleep(interval)
             lag.observe(max(0.0, loop.time() - due))
+            if passes is not None and collections is not None:
+                passes.observe_into(collections)
     finally:
-        if on_pass is not None:
-            gc.callbacks.remove(on_pass)
+        if passes is not None:
+            gc.callbacks.remove(passes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import threading
 import time
 
 from carryover.router.loop_lag import watch_loop_lag
@@ -56,9 +57,12 @@ async def test_garbage_collection_passes_are_timed_while_the_watch_runs() -> Non
     passes = _ByGeneration()
     watching = asyncio.create_task(watch_loop_lag(_Seen(), interval=0.01, collections=passes))
     try:
-        await eventually(lambda: _now(len(passes.seen)), lambda n: n == 3, what="the watch up")
-        gc.collect(1)
-        assert len(passes.seen["1"].values) >= 1
+
+        async def collected() -> int:
+            gc.collect(1)  # until the watch has its callback in place
+            return len(passes.labels("1").values)
+
+        await eventually(collected, lambda n: n >= 1, what="a pass seen")
         assert all(value >= 0 for value in passes.seen["1"].values)
     finally:
         watching.cancel()
@@ -71,3 +75,45 @@ async def test_garbage_collection_passes_are_timed_while_the_watch_runs() -> Non
 
 async def _now(value: int) -> int:
     return value
+
+
+class _Locked(_Seen):
+    """A histogram child behind a lock, as prometheus_client's values are: one lock for all
+    of them in multiprocess mode."""
+
+    def __init__(self, lock: threading.Lock, waited_too_long: list[float]) -> None:
+        super().__init__()
+        self.lock, self.waited_too_long = lock, waited_too_long
+
+    def observe(self, amount: float) -> None:
+        if not self.lock.acquire(timeout=0.5):  # where the router's worker would hang
+            self.waited_too_long.append(amount)
+            return
+        try:
+            super().observe(amount)
+        finally:
+            self.lock.release()
+
+
+async def test_a_pass_that_starts_while_a_metric_is_locked_does_not_wait_for_it() -> None:
+    lock, waited_too_long = threading.Lock(), []
+    children = {str(g): _Locked(lock, waited_too_long) for g in range(3)}
+
+    class ByGeneration:
+        def labels(self, generation: str) -> _Locked:
+            return children[generation]
+
+    watching = asyncio.create_task(
+        watch_loop_lag(_Seen(), interval=0.01, collections=ByGeneration())
+    )
+    try:
+
+        async def collected() -> int:
+            with lock:  # a metric's operation allocates, and a pass starts
+                gc.collect(0)
+            return len(children["0"].values)
+
+        await eventually(collected, lambda n: n >= 1 or waited_too_long, what="a pass observed")
+        assert waited_too_long == []
+    finally:
+        watching.cancel()
