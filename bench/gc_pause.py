@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import random
 import statistics
 import time
 
-from carryover.router.kv.events import BlockStored
+from carryover.bench.kv_index_bench import BLOCK, device_blocks
 from carryover.router.kv.index import KvIndex
 from carryover.router.memory import settle_heap
 
 __all__ = ["main"]
 
-_BLOCK = 16
 _RUN = 512  # blocks a BlockStored carries
 
 
@@ -42,18 +40,7 @@ def _index(instances: int, blocks: int, rng: random.Random) -> KvIndex:
         own = index.of(f"engine-{n}")
         for first in range(0, blocks, _RUN):
             count = min(_RUN, blocks - first)
-            hashes: list[bytes | int] = [os.urandom(32) for _ in range(count)]
-            own.apply(
-                BlockStored(
-                    block_hashes=hashes,
-                    parent_block_hash=None,
-                    token_ids=[rng.randrange(150_000) for _ in range(count * _BLOCK)],
-                    block_size=_BLOCK,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
-                )
-            )
+            own.apply(device_blocks([rng.randrange(150_000) for _ in range(count * BLOCK)], rng))
     return index
 
 

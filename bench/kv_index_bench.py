@@ -25,14 +25,32 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from carryover.bench.ports import free_port
-from carryover.router.kv.events import BlockStored, KVEventBatch, encode_batch
+from carryover.router.kv.events import BlockHash, BlockStored, KVEventBatch, encode_batch
 from carryover.router.kv.index import InstanceBlocks, KvIndex, Prompt
 from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.subscriber import EventSubscriber
 
-__all__ = ["main"]
+__all__ = ["BLOCK", "device_blocks", "main"]
 
-_BLOCK = 16
+BLOCK = 16
+
+
+def device_blocks(
+    token_ids: list[int], rng: random.Random, parent: BlockHash | None = None
+) -> BlockStored:
+    """A ``BlockStored`` of whole blocks of ``token_ids`` on the device, under random 32-byte
+    hashes (vLLM's sha256), as an engine publishes them."""
+    count = len(token_ids) // BLOCK
+    hashes: list[BlockHash] = [rng.randbytes(32) for _ in range(count)]
+    return BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=token_ids[: count * BLOCK],
+        block_size=BLOCK,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
 
 
 def _publish(endpoint: str, rate: float, count: int, seed: int) -> None:
@@ -42,25 +60,12 @@ def _publish(endpoint: str, rate: float, count: int, seed: int) -> None:
     socket.bind(endpoint)
     time.sleep(1.0)  # subscribers connect: PUB drops what nobody receives yet
     rng = random.Random(seed)
-    parent: bytes | None = None
+    parent: BlockHash | None = None
     start = time.perf_counter()
     for seq in range(count):
-        block = rng.randbytes(32)
-        batch = KVEventBatch(
-            time.time(),
-            [
-                BlockStored(
-                    block_hashes=[block],
-                    parent_block_hash=parent,
-                    token_ids=[rng.randrange(150_000) for _ in range(_BLOCK)],
-                    block_size=_BLOCK,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
-                )
-            ],
-        )
-        parent = block
+        stored = device_blocks([rng.randrange(150_000) for _ in range(BLOCK)], rng, parent)
+        batch = KVEventBatch(time.time(), [stored])
+        parent = stored.block_hashes[-1]
         socket.send_multipart((b"", seq.to_bytes(8, "big", signed=True), encode_batch(batch)))
         pause = start + (seq + 1) / rate - time.perf_counter()
         if pause > 0:
@@ -99,20 +104,10 @@ async def _subscribe(endpoints: list[str], count: int) -> tuple[float, float]:
 def _lookup_us(blocks: int) -> float:
     """Median microseconds of one lookup of a prompt held whole."""
     rng = random.Random(0)
-    ids = [rng.randrange(150_000) for _ in range(blocks * _BLOCK)]
+    ids = [rng.randrange(150_000) for _ in range(blocks * BLOCK)]
     held = InstanceBlocks()
-    held.apply(
-        BlockStored(
-            block_hashes=[rng.randbytes(32) for _ in range(blocks)],
-            parent_block_hash=None,
-            token_ids=ids,
-            block_size=_BLOCK,
-            lora_id=None,
-            medium="GPU",
-            lora_name=None,
-        )
-    )
-    keys = Prompt(ids).keys(_BLOCK)
+    held.apply(device_blocks(ids, rng))
+    keys = Prompt(ids).keys(BLOCK)
     assert held.cached(keys).device_tokens == len(ids)
     times = []
     for _ in range(200):
