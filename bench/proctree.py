@@ -56,10 +56,14 @@ class CpuMeter:
         self.pid = pid
         self.start = cpu_seconds(pid)
 
+    def seconds(self) -> float:
+        """CPU seconds since the start."""
+        return cpu_seconds(self.pid) - self.start
+
     def used(self, wall: float, *, turns: int) -> dict[str, Any]:
         """CPU seconds since the start, per turn, as a share of one core over ``wall``
         seconds, and the CPUs the process may run on."""
-        seconds = cpu_seconds(self.pid) - self.start
+        seconds = self.seconds()
         return {
             "cpu_seconds": seconds,
             "per_turn_ms": seconds / turns * 1000 if turns else None,
@@ -75,7 +79,7 @@ def engines_cpu(
     turn and share of one core over ``wall`` seconds. ``None`` without any."""
     seconds: dict[str, float] = {}
     for role, meter in meters:
-        seconds[role] = seconds.get(role, 0.0) + cpu_seconds(meter.pid) - meter.start
+        seconds[role] = seconds.get(role, 0.0) + meter.seconds()
     if not seconds or not turns:
         return None
     return {

@@ -32,20 +32,21 @@ class _Passes:
     multiprocess mode has one lock for every value in the process), so observing there could
     wait on that lock forever."""
 
-    def __init__(self) -> None:
-        self.pending: tuple[deque[float], ...] = tuple(deque(maxlen=10_000) for _ in range(3))
+    def __init__(self, into: _ObservesByGeneration) -> None:
+        self._into = into
+        self._pending: tuple[deque[float], ...] = tuple(deque(maxlen=10_000) for _ in range(3))
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
         else:
-            self.pending[info["generation"]].append(time.perf_counter() - self._started)
+            self._pending[info["generation"]].append(time.perf_counter() - self._started)
 
-    def observe_into(self, collections: _ObservesByGeneration) -> None:
-        for generation, lengths in enumerate(self.pending):
+    def observe(self) -> None:
+        for generation, lengths in enumerate(self._pending):
             while lengths:
-                collections.labels(str(generation)).observe(lengths.popleft())
+                self._into.labels(str(generation)).observe(lengths.popleft())
 
 
 async def watch_loop_lag(
@@ -56,7 +57,7 @@ async def watch_loop_lag(
     """Forever: set a timer ``interval`` ahead and observe how late it ran; with
     ``collections``, the length of every garbage collection pass since the last timer."""
     loop = asyncio.get_running_loop()
-    passes = _Passes() if collections is not None else None
+    passes = _Passes(collections) if collections is not None else None
     if passes is not None:
         gc.callbacks.append(passes)
     try:
@@ -64,8 +65,8 @@ async def watch_loop_lag(
             due = loop.time() + interval
             await asyncio.sleep(interval)
             lag.observe(max(0.0, loop.time() - due))
-            if passes is not None and collections is not None:
-                passes.observe_into(collections)
+            if passes is not None:
+                passes.observe()
     finally:
         if passes is not None:
             gc.callbacks.remove(passes)

@@ -141,12 +141,14 @@ class EventSubscriber:
                             self.restarted()
                         connected_before = True
                     continue  # the data socket is read on the next turn of the loop
-                for frames in _read_waiting(waiting):
+                batches = _read_waiting(waiting)
+                for frames in batches:
                     if len(frames) != 3:
                         continue
                     _, seq_bytes, payload = frames
                     await self._receive(int.from_bytes(seq_bytes, "big", signed=True), payload)
-                await asyncio.sleep(self.gather)
+                # More may be waiting when the read stopped at its limit: read again at once.
+                await asyncio.sleep(self.gather if len(batches) < _READ_AT_ONCE else 0)
         finally:
             sub.disable_monitor()
             monitor.close(linger=0)
