@@ -67,9 +67,12 @@ def decode_answer(content: bytes) -> Any:
 
 
 def parse_chunk(data: bytes) -> dict[str, Any]:
-    """One SSE ``data:`` payload from D; an error event or garbage is an ``EngineFailed``."""
+    """One SSE ``data:`` payload from D; an error event or garbage is an ``EngineFailed``.
+    The chunk that carries the prompt's ids keeps them as their JSON, as a whole answer does
+    (``decode_answer``): decoding them cost each streamed turn more than all its other
+    chunks together (``bench/RESULTS.md``)."""
     try:
-        obj = _decoder.decode(data)
+        obj = decode_answer(data)
     except msgspec.DecodeError as exc:
         raise EngineFailed("decode instance sent a malformed stream chunk") from exc
     if not isinstance(obj, dict):

@@ -57,6 +57,23 @@ def test_the_client_gets_d_s_answer_and_the_commit_d_s_ids(
     assert json.loads(body) == want
 
 
+@pytest.mark.parametrize("wants_ids", [True, False])
+def test_a_streamed_chunk_keeps_d_s_ids_as_their_json(wants_ids: bool) -> None:
+    first = {
+        "id": "chatcmpl-1",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": TRICKY}}],
+        "prompt_token_ids": IDS,
+    }
+    output = DecodeOutput(client_wants_ids=wants_ids)
+    frame = output.chunk(json.dumps(first, separators=(",", ":")).encode())
+    assert isinstance(output._prompt_ids, msgspec.Raw)  # compared as bytes, not decoded
+    assert output.ran(IDS, msgspec.json.encode(IDS))
+    assert not output.ran([*IDS, 1], msgspec.json.encode([*IDS, 1]))
+    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+    want = dict(first) if wants_ids else {k: v for k, v in first.items() if k != "prompt_token_ids"}
+    assert json.loads(frame[6:]) == want
+
+
 def test_ids_the_router_did_not_check_are_compared_by_value() -> None:
     content = json.dumps(chat_answer("hi"), separators=(", ", ": ")).encode()
     output = DecodeOutput(client_wants_ids=False)
