@@ -38,6 +38,7 @@ __all__ = [
     "block_size_of",
     "chunk_size_for",
     "handle_tokens",
+    "pack_ids",
     "plan_reuse",
     "release_handle",
     "truncate_handle",
@@ -51,7 +52,9 @@ _TOKEN_BYTES = 4
 _LITTLE = sys.byteorder == "little"
 
 
-def _pack(ids: Sequence[int]) -> bytes:
+def pack_ids(ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian uint32 (``OverflowError`` for one outside it): hashed for
+    the store's prefixes and the KV index's chains alike."""
     packed = array.array(_TOKEN)
     packed.fromlist(list(ids) if not isinstance(ids, list) else ids)
     if not _LITTLE:  # pragma: no cover - every supported platform is little-endian
@@ -89,7 +92,7 @@ class HashedTokens:
         self.packed = b""
         self.digests: list[bytes] = []
         self._boundary = xxhash.xxh3_128()  # running state at the last whole chunk
-        self._append(_pack(ids))
+        self._append(pack_ids(ids))
 
     def _append(self, packed: bytes) -> None:
         step = self.chunk_size * _TOKEN_BYTES
@@ -108,7 +111,7 @@ class HashedTokens:
         other.packed = self.packed
         other.digests = list(self.digests)
         other._boundary = self._boundary.copy()
-        other._append(_pack(ids))
+        other._append(pack_ids(ids))
         return other
 
     def tokens(self) -> list[int]:

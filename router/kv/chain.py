@@ -8,12 +8,15 @@ everything before it, as a prefix cache does. The hashes live only in this proce
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import xxhash
 
-__all__ = ["ROOT", "chain_hashes", "extend", "salt_root"]
+from carryover.state.prefix import pack_ids
+
+__all__ = ["ROOT", "chain_hashes", "chain_of_packed", "extend", "salt_root"]
+
+_ID_BYTES = 4
 
 #: The parent of a sequence's first block.
 ROOT = 0
@@ -29,20 +32,20 @@ def salt_root(salt: str | None) -> int:
 
 def extend(parent: int, tokens: Sequence[int]) -> int:
     """The key of a block holding ``tokens`` after the block keyed ``parent``."""
-    return xxhash.xxh3_64_intdigest(_pack(tokens), seed=parent)
-
-
-def _pack(ids: Sequence[int]) -> bytes:
-    # struct packs a list of ints about 3x faster than array.array does.
-    return struct.pack(f"<{len(ids)}q", *ids)
+    return xxhash.xxh3_64_intdigest(pack_ids(tokens), seed=parent)
 
 
 def chain_hashes(ids: Sequence[int], block_size: int, parent: int = ROOT) -> list[int]:
     """Keys of every full block of ``ids`` (a trailing partial block has none)."""
+    return chain_of_packed(pack_ids(ids), block_size, parent)
+
+
+def chain_of_packed(packed: bytes, block_size: int, parent: int = ROOT) -> list[int]:
+    """``chain_hashes`` of ids already packed (``pack_ids``: a turn's ``HashedTokens``)."""
     keys: list[int] = []
-    packed = memoryview(_pack(ids))
-    step = block_size * 8
+    step = block_size * _ID_BYTES
     digest = xxhash.xxh3_64_intdigest
+    # Slices of bytes: copying 64 bytes is cheaper than a memoryview's slice object.
     for start in range(0, len(packed) - step + 1, step):
         parent = digest(packed[start : start + step], parent)
         keys.append(parent)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 from itertools import islice
 
-from carryover.router.kv.chain import ROOT, chain_hashes, salt_root
+from carryover.router.kv.chain import ROOT, chain_hashes, chain_of_packed, salt_root
 from carryover.router.kv.events import (
     AllBlocksCleared,
     BlockHash,
@@ -24,6 +24,7 @@ from carryover.router.kv.events import (
     BlockStored,
     KVEvent,
 )
+from carryover.state.prefix import pack_ids
 
 __all__ = ["Cached", "InstanceBlocks", "KvIndex", "Prompt", "Skipped", "Tier"]
 
@@ -153,8 +154,11 @@ class InstanceBlocks:
             if found is None:
                 return self._skip(Skipped.UNKNOWN_PARENT, count)
             parent = found
+        try:
+            chain = chain_hashes(event.token_ids, size, parent)
+        except OverflowError:  # an id outside uint32: no model's vocabulary
+            return self._skip(Skipped.MALFORMED, count)
         keys, held, bit = self._keys[tier], self._held, int(tier)
-        chain = chain_hashes(event.token_ids, size, parent)
         for engine_hash, key in zip(event.block_hashes, chain, strict=True):
             keys[engine_hash] = key
             held[key] = held.get(key, 0) | bit
@@ -236,17 +240,23 @@ class Prompt:
     """A prompt's chain keys (under its cache salt), computed once per block size for every
     instance asked."""
 
-    __slots__ = ("_chains", "ids", "root")
+    __slots__ = ("_chains", "_packed", "ids", "root")
 
-    def __init__(self, ids: Sequence[int], salt: str | None = None) -> None:
+    def __init__(
+        self, ids: Sequence[int], salt: str | None = None, *, packed: bytes | None = None
+    ) -> None:
         self.ids = ids
         self.root = salt_root(salt)
+        self._packed = packed  # ``pack_ids(ids)``, when the turn has it already
         self._chains: dict[int, list[int]] = {}
 
     def keys(self, block_size: int) -> list[int]:
         keys = self._chains.get(block_size)
         if keys is None:
-            keys = self._chains[block_size] = chain_hashes(self.ids, block_size, self.root)
+            if self._packed is None:
+                self._packed = pack_ids(self.ids)
+            keys = chain_of_packed(self._packed, block_size, self.root)
+            self._chains[block_size] = keys
         return keys
 
 

@@ -21,7 +21,9 @@ def _prompt(svc: TurnServices, prepared: Prepared) -> Prompt | None:
     if svc.kv is None or not svc.kv.enabled or prepared.ids is None:
         return None
     if prepared.kv_prompt is None:
-        prepared.kv_prompt = Prompt(prepared.ids, prepared.cache_salt)
+        hashed = prepared.hashed
+        packed = hashed.packed if hashed is not None else None
+        prepared.kv_prompt = Prompt(prepared.ids, prepared.cache_salt, packed=packed)
     return prepared.kv_prompt
 
 

@@ -17,6 +17,7 @@ from carryover.router.kv.events import (
     encode_batch,
 )
 from carryover.router.kv.index import Cached, InstanceBlocks, KvIndex, Prompt, Skipped
+from carryover.state.prefix import HashedTokens
 
 SIZE = 4
 
@@ -96,6 +97,20 @@ def test_blocks_that_are_not_plain_token_blocks_are_skipped() -> None:
         Skipped.UNKNOWN_PARENT: 1,
     }
     assert len(blocks) == 0
+
+
+def test_a_block_of_ids_outside_any_vocabulary_is_skipped_not_fatal() -> None:
+    blocks = InstanceBlocks()
+    blocks.apply(stored([2**32, *PROMPT[1:]], 0, 1))
+    blocks.apply(stored([-1, *PROMPT[1:]], 0, 1))
+    assert blocks.skipped == {Skipped.MALFORMED: 2}
+    blocks.apply(stored(PROMPT, 0, 2))
+    assert blocks.cached(Prompt(PROMPT).keys(SIZE)).tokens == 2 * SIZE
+
+
+def test_a_prompt_packed_by_the_turn_has_the_keys_of_its_ids() -> None:
+    packed = HashedTokens(PROMPT, 8).packed
+    assert Prompt(PROMPT, "salt", packed=packed).keys(SIZE) == Prompt(PROMPT, "salt").keys(SIZE)
 
 
 def test_salted_blocks_match_only_prompts_of_their_salt() -> None:
