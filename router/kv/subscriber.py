@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import msgspec
@@ -32,7 +33,7 @@ from carryover.router.kv.events import (
     KVEventBatch,
     decode_batch,
 )
-from carryover.router.kv.index import InstanceBlocks
+from carryover.router.kv.index import InstanceBlocks, Skipped
 from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.warm import WarmTier
 
@@ -58,22 +59,41 @@ class ResetCause(StrEnum):
 #: (and the instance's monitor) have a turn.
 _READ_AT_ONCE = 256
 
-#: Seconds between reads of the socket once it had batches: a decoder publishes a batch for
-#: about every block its streams fill (tens a second), and waking once per batch costs more
-#: than applying it. Routing by an index 50 ms behind the engines chooses as well as by one
-#: that is current; events already arrive later than that under load.
+#: Seconds between reads of the socket: a decoder publishes a batch for every step that
+#: fills a block (hundreds a second), and waking once per batch costs more than applying it.
+#: Routing by an index 50 ms behind the engines chooses as well as by one that is current;
+#: events already arrive later than that under load.
 GATHER_SECONDS = 0.05
 
 
 def _read_waiting(socket: zmq.Socket[bytes]) -> list[list[bytes]]:
     """The messages waiting on ``socket``, without blocking."""
     messages: list[list[bytes]] = []
-    for _ in range(_READ_AT_ONCE):
+    # Asking first is cheaper than the ``zmq.Again`` an empty socket raises, on every wake.
+    while len(messages) < _READ_AT_ONCE and int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
         try:
             messages.append(socket.recv_multipart(zmq.NOBLOCK))
         except zmq.Again:
             break
     return messages
+
+
+@dataclass(slots=True)
+class _Seen:
+    """One index's state when a read began applying batches to it, and the events since."""
+
+    blocks: InstanceBlocks
+    overflows: int
+    skipped: dict[Skipped, int]
+    events: int = 0
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What the batches applied since the metrics were last set did."""
+
+    seen: dict[str, _Seen] = field(default_factory=dict)
+    newest: float | None = None  # the engine's time of the last batch applied
 
 
 class EventSubscriber:
@@ -111,7 +131,7 @@ class EventSubscriber:
         #: Batches a replay gave that may still arrive live: a live batch with the same number
         #: and bytes is a copy; other bytes under a replayed number mean a new engine.
         self._replayed: dict[int, bytes] = {}
-        self.applied = asyncio.Event()  # set after each applied batch (tests wait on it)
+        self._tally = _Tally()
 
     async def run(self) -> None:
         sub = self.context.socket(zmq.SUB)
@@ -120,33 +140,32 @@ class EventSubscriber:
         # A dropped and renewed connection may be a new engine process at the same address:
         # what it held is unknown, so it counts as a restart (a replay brings back the rest).
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        poller = zmq.asyncio.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(monitor, zmq.POLLIN)
         sub.connect(self.endpoint)
-        # Once the poll says batches are waiting, all of them are read by plain non-blocking
-        # calls on the same socket, and the next read waits ``gather`` seconds: the asyncio
-        # socket's poll and receive futures cost more than a decode step's batch does to apply.
+        # Both sockets are read by plain non-blocking calls every ``gather`` seconds, never
+        # polled: the asyncio poller's futures and reader callbacks cost more per wake than a
+        # decode step's batch does to apply (a busy decoder sends hundreds a second), and
+        # waiting on it only while an engine is quiet cost more under load, not less
+        # (``bench/RESULTS.md``). A quiet engine costs a wake every ``gather`` seconds.
         waiting: zmq.Socket[bytes] = zmq.Socket.shadow(sub)
+        changes: zmq.Socket[bytes] = zmq.Socket.shadow(monitor)
         connected_before = False
         try:
             if self.replay_endpoint is not None:
                 await self._replay_from(0)
             while True:
-                ready = dict(await poller.poll())
-                if monitor in ready:
-                    event = parse_monitor_message(await monitor.recv_multipart())
+                for message in _read_waiting(changes):
+                    event = parse_monitor_message(message)
                     if event["event"] == zmq.EVENT_CONNECTED:
                         if connected_before:
                             self.restarted()
                         connected_before = True
-                    continue  # the data socket is read on the next turn of the loop
                 batches = _read_waiting(waiting)
                 for frames in batches:
                     if len(frames) != 3:
                         continue
                     _, seq_bytes, payload = frames
                     await self._receive(int.from_bytes(seq_bytes, "big", signed=True), payload)
+                self._settle()
                 # More may be waiting when the read stopped at its limit: read again at once.
                 await asyncio.sleep(self.gather if len(batches) < _READ_AT_ONCE else 0)
         finally:
@@ -198,6 +217,7 @@ class EventSubscriber:
                 break  # the caller applies the batch in hand; later ones come live
             self._apply(seq, payload)
             self._replayed[seq] = payload
+        self._settle()
 
     async def _fetch(self, start: int) -> list[tuple[int, bytes]] | None:
         """Batches ``>= start`` from the replay socket, or ``None`` if it did not finish."""
@@ -235,8 +255,6 @@ class EventSubscriber:
             self.metrics.skipped.labels(self.instance, "unknown_event").inc(skipped)
         self._apply_batch(batch)
         self.last = seq
-        self.applied.set()
-        self.applied = asyncio.Event()
 
     def _apply_batch(self, batch: KVEventBatch) -> None:
         own: list[KVEvent] = batch.events
@@ -253,20 +271,33 @@ class EventSubscriber:
             if shared:
                 self._apply_to(warm.name, warm.blocks, shared)
         self._apply_to(self.instance, self.blocks, own)
-        self.metrics.lag.labels(self.instance).set(max(0.0, self.clock() - batch.ts))
+        self._tally.newest = batch.ts
 
     def _apply_to(self, name: str, blocks: InstanceBlocks, events: list[KVEvent]) -> None:
-        overflows = blocks.overflows
-        skipped_before = dict(blocks.skipped)
+        seen = self._tally.seen.get(name)
+        if seen is None:
+            seen = self._tally.seen[name] = _Seen(blocks, blocks.overflows, dict(blocks.skipped))
         for event in events:
             blocks.apply(event)
-        if blocks.overflows != overflows:
-            self.metrics.resets.labels(name, ResetCause.OVERFLOW).inc()
-        for why, count in blocks.skipped.items():
-            if count != skipped_before.get(why, 0):
-                self.metrics.skipped.labels(name, why).inc(count - skipped_before.get(why, 0))
-        self.metrics.events.labels(name).inc(len(events))
-        self.metrics.blocks.labels(name).set(len(blocks))
+        seen.events += len(events)
+
+    def _settle(self) -> None:
+        """What the batches applied since the last call did, into the metrics: once a read
+        of the socket, not once a batch (a decoder sends hundreds a second)."""
+        tally, self._tally = self._tally, _Tally()
+        for name, seen in tally.seen.items():
+            blocks = seen.blocks
+            if blocks.overflows != seen.overflows:
+                self.metrics.resets.labels(name, ResetCause.OVERFLOW).inc(
+                    blocks.overflows - seen.overflows
+                )
+            for why, count in blocks.skipped.items():
+                if count != seen.skipped.get(why, 0):
+                    self.metrics.skipped.labels(name, why).inc(count - seen.skipped.get(why, 0))
+            self.metrics.events.labels(name).inc(seen.events)
+            self.metrics.blocks.labels(name).set(len(blocks))
+        if tally.newest is not None:
+            self.metrics.lag.labels(self.instance).set(max(0.0, self.clock() - tally.newest))
 
     def _reset(self, cause: ResetCause) -> None:
         log.info("kv events: dropping what is known of %s (%s)", self.instance, cause)
