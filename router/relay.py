@@ -9,7 +9,7 @@ import msgspec
 from carryover.router.errors import EngineFailed
 from carryover.router.outcomes import NoHandleCause
 
-__all__ = ["DecodeOutput", "decode_answer", "parse_chunk"]
+__all__ = ["CUT_JSON", "DecodeOutput", "cut_ids", "decode_answer", "parse_chunk"]
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -20,9 +20,11 @@ _NOT_A_FLAT_ARRAY = (b"[", b"{", b'"')
 #: What stands in the cut array's place until it is put back there (any other
 #: ``prompt_token_ids`` holds null).
 _CUT = "\u0000carryover-prompt-ids"
+#: ``_CUT`` as it stands in the cut JSON.
+CUT_JSON = _encoder.encode(_CUT)
 
 
-def _cut_ids(content: bytes) -> tuple[bytes, bytes] | None:
+def cut_ids(content: bytes) -> tuple[bytes, bytes] | None:
     """``content`` with its one prompt id array replaced by ``_CUT``, and that array's JSON;
     ``None`` unless exactly one ``"prompt_token_ids"`` key holds a flat array (any others
     ``null``). Such a key's closing quote is unescaped, so it cannot lie inside a string,
@@ -46,14 +48,14 @@ def _cut_ids(content: bytes) -> tuple[bytes, bytes] | None:
     if cut is None:
         return None
     start, end = cut
-    return content[:start] + _encoder.encode(_CUT) + content[end:], content[start:end]
+    return content[:start] + CUT_JSON + content[end:], content[start:end]
 
 
 def decode_answer(content: bytes) -> Any:
     """D's whole answer, its prompt ids left as their JSON (``msgspec.Raw``, encoded back
     verbatim): at 20k tokens, decoding them into a list and comparing that with the checked
     ids was a tenth of the router's instructions per turn (``bench/RESULTS.md``)."""
-    cut = _cut_ids(content)
+    cut = cut_ids(content)
     if cut is None:
         return _decoder.decode(content)
     body, array = cut

@@ -65,7 +65,7 @@ async def run_prefill(
                         body,
                         timeout=svc.config.timeouts.prefill,
                         headers=req.engine_headers,
-                        decode=prefill_answer.decoder.decode,
+                        decode=prefill_answer.read,
                     )
                 except EngineUnavailable as exc:
                     # Never sent (no connection): the handle goes to the next P, if any.
