@@ -106,6 +106,11 @@ class DisconnectWatch:
         self._guarding = False
         if self._watcher is not None:
             self._watcher.cancel()
+            # The cancelled watcher keeps its CancelledError, whose traceback holds this
+            # watch: without this, every request left a cycle (with the server's request
+            # cycle in it) for a full collection to find.
+            self._watcher = None
+        self._task = None
 
 
 class Answer:

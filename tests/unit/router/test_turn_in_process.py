@@ -4,6 +4,7 @@ in-process store and a clock the test drives. Fast, and exact about what each en
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -242,3 +243,30 @@ async def test_a_committed_answer_is_tokenized_before_the_next_turn_needs_it() -
         body = {"messages": history(2), "conversation_id": "w1"}
         assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
         assert spans.misses - misses == 1
+
+
+async def test_a_turn_leaves_no_cycle_of_the_routers_own_for_the_collector(rig: Rig) -> None:
+    # A served worker's heap is frozen and its full collections are rare (router/memory.py):
+    # a cycle per request (a cancelled task's traceback holding the request) piles up, with
+    # everything it holds, until one runs. What stays is the test client's own (httpx).
+    async def turns(count: int) -> None:
+        for i in range(count):
+            body = {"messages": history(1), "conversation_id": f"c{i}"}
+            assert (await rig.client.post("/v1/chat/completions", json=body)).status_code == 200
+            body = {**body, "conversation_id": f"s{i}", "stream": True}
+            assert (await rig.client.post("/v1/chat/completions", json=body)).status_code == 200
+
+    await turns(2)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        await turns(5)
+        gc.collect()
+        kinds = Counter(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    routers = {"DisconnectWatch", "Task", "Future", "CancelledError", "frame", "coroutine"}
+    assert not {kind: n for kind, n in kinds.items() if kind in routers}
