@@ -95,6 +95,12 @@ def pressure_releases(router_url: str) -> tuple[float, float]:
     return fates.get("decode_pressure", 0.0), fates.get("decode_full", 0.0)
 
 
+def retries(router_url: str) -> dict[str, float]:
+    """A carryover router's retries by cause (a P or D attempt that failed and ran again,
+    ``carryover_retries_total``): why turns ran ``cold-error``."""
+    return _summed(router_url, "carryover_retries_total", by="cause")
+
+
 def leg_means(router_url: str) -> dict[str, float]:
     """A carryover router's mean time of each step of its turns (render, claim, prefill,
     decode, commit...), of its whole request and of its event loop's lag, in milliseconds,

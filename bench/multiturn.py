@@ -16,6 +16,7 @@ from carryover.bench.fleet_counters import (
     leg_means,
     pressure_releases,
     prompt_sources,
+    retries,
 )
 from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
@@ -143,6 +144,7 @@ class ArmResult:
     client_lag: dict[str, float] | None = None  # lag_summary of the load generator's loop
     #: The engines' processes' CPU, by role: ms a turn and share of one core over the run.
     engine_cpu: dict[str, dict[str, float]] | None = None
+    retries: dict[str, float] | None = None  # a carryover router's retries, by cause
 
 
 def _run_sim_arm(
@@ -275,6 +277,7 @@ def _run_sim_arm(
             leg_means(url) if send_id else None,
             lag_summary(lags),
             engines_cpu(engine_meters, wall, turns=len(records)),
+            retries(url) if send_id else None,
         )
 
 
@@ -306,6 +309,7 @@ def run_arms(
     legs: dict[str, dict[str, float]] = {}
     client_lag: dict[str, dict[str, float]] = {}
     engine_cpu: dict[str, dict[str, dict[str, float]]] = {}
+    retried: dict[str, dict[str, float]] = {}
     report: dict[str, Any] = {}
 
     def written(arm: str) -> None:
@@ -322,6 +326,7 @@ def run_arms(
         report["router_legs"] = legs
         report["client_lag"] = client_lag
         report["engine_cpu"] = engine_cpu
+        report["router_retries"] = retried
         report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
         if progress:
             print(f"  {arm}: done, report so far in {out}", file=sys.stderr)
@@ -351,6 +356,8 @@ def run_arms(
             client_lag[arm] = result.client_lag
         if result.engine_cpu is not None:
             engine_cpu[arm] = result.engine_cpu
+        if result.retries is not None:
+            retried[arm] = result.retries
         usage = [u for _, u, _, _ in result.decode_kv]
         pinned_usage = [u for _, _, _, u in result.decode_kv]
         decode_kv[arm] = {

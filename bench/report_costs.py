@@ -55,6 +55,15 @@ def cost_sections(report: dict[str, Any]) -> list[str]:
         for arm, arm_legs in legs.items():
             cells = [fmt(arm_legs.get(step)) for step in steps]
             lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    retried = report.get("router_retries") or {}
+    causes = sorted({cause for counts in retried.values() for cause in counts})
+    if causes:
+        lines += ["", "## carryover's retries, by cause (its carryover_retries_total)", ""]
+        lines += ["| arm | " + " | ".join(causes) + " |", "|---|" + "---|" * len(causes)]
+        for arm, counts in retried.items():
+            lines.append(
+                f"| {arm} | " + " | ".join(fmt(counts.get(c, 0.0), 0) for c in causes) + " |"
+            )
     lag = report.get("client_lag") or {}
     if lag:
         lines += ["", "## The load generator's own event loop: how late its 20 ms timer ran", ""]

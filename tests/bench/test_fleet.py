@@ -68,6 +68,9 @@ def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path
     kv = report["decode_kv"]["carryover"]
     assert kv["samples"] and kv["pinned_handles_peak"] >= 1
     assert kv["relieved_handles"] == 0 and kv["pins_not_kept"] == 0
+    # The router's retries by its own count: every turn's first attempt held.
+    assert report["router_retries"]["carryover"] == {}
+    assert "cold-error" not in arms["carryover"]["paths"]
 
 
 def test_an_agent_fleet_answers_whole_turns_of_tool_results(tmp_path: Path) -> None:
