@@ -250,6 +250,7 @@ def _run_sim_arm(
         engine_meters = [(role, CpuMeter(process.popen.pid)) for role, process in engines]
         started = time.perf_counter()
         lags: list[float] = []
+        passes: dict[str, list[float]] = {}
         with DecodeSampler(decoding) as sampler:
             records = asyncio.run(
                 run_arm(
@@ -261,6 +262,7 @@ def _run_sim_arm(
                     session_header=name == PEER,
                     progress=progress,
                     loop_lag=lags,
+                    collections=passes,
                 )
             )
         wall = time.perf_counter() - started
@@ -275,7 +277,7 @@ def _run_sim_arm(
             not_kept,
             None if cpu is None else cpu.used(wall, turns=len(records)),
             leg_means(url) if send_id else None,
-            lag_summary(lags),
+            lag_summary(lags, passes),
             engines_cpu(engine_meters, wall, turns=len(records)),
             retries(url) if send_id else None,
         )

@@ -211,16 +211,26 @@ def build_report(
     return {"meta": meta or {}, "slo": slo.describe(), "baseline_arm": baseline_arm, "arms": arms}
 
 
-def lag_summary(lags: Sequence[float]) -> dict[str, float] | None:
-    """How late a loop ran its timers (seconds in, milliseconds out); None without samples."""
+def lag_summary(
+    lags: Sequence[float], collections: dict[str, list[float]] | None = None
+) -> dict[str, float] | None:
+    """How late a loop ran its timers (seconds in, milliseconds out), and with
+    ``collections`` (pass lengths by generation) its garbage collector's time; None without
+    samples."""
     if not lags:
         return None
-    return {
+    summary = {
         "mean_ms": sum(lags) / len(lags) * 1000,
         "p50_ms": percentile(lags, 50) * 1000,
         "p99_ms": percentile(lags, 99) * 1000,
         "max_ms": max(lags) * 1000,
     }
+    if collections is not None:
+        passes = [length for lengths in collections.values() for length in lengths]
+        summary["gc_ms"] = sum(passes) * 1000
+        summary["gc_max_ms"] = max(passes, default=0.0) * 1000
+        summary["full_passes"] = float(len(collections.get("2", ())))
+    return summary
 
 
 def render_markdown(report: dict[str, Any]) -> str:

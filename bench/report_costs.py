@@ -67,10 +67,19 @@ def cost_sections(report: dict[str, Any]) -> list[str]:
     lag = report.get("client_lag") or {}
     if lag:
         lines += ["", "## The load generator's own event loop: how late its 20 ms timer ran", ""]
-        lines += ["| arm | mean (ms) | p50 | p99 | max |", "|---|---|---|---|---|"]
+        lines += [
+            "| arm | mean (ms) | p50 | p99 | max | its collector: ms in all, longest pass, "
+            "full passes |",
+            "|---|---|---|---|---|---|",
+        ]
         for arm, late in lag.items():
+            collected = (
+                f"{late['gc_ms']:.0f}, {late['gc_max_ms']:.1f}, {late['full_passes']:.0f}"
+                if "gc_ms" in late
+                else "-"
+            )
             lines.append(
                 f"| {arm} | {late['mean_ms']:.1f} | {late['p50_ms']:.1f} "
-                f"| {late['p99_ms']:.1f} | {late['max_ms']:.1f} |"
+                f"| {late['p99_ms']:.1f} | {late['max_ms']:.1f} | {collected} |"
             )
     return lines

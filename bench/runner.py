@@ -155,10 +155,12 @@ async def run_arm(
     progress: bool = True,
     timeout: float = 600.0,
     loop_lag: list[float] | None = None,
+    collections: dict[str, list[float]] | None = None,
 ) -> list[TurnRecord]:
     """Every conversation's turns against ``url``. ``loop_lag``, when given, receives how late
     the load generator's own event loop ran a timer set every 20 ms, through the arm: a
-    client that lags adds its lag to every turn it times."""
+    client that lags adds its lag to every turn it times; ``collections``, the length of
+    each of its garbage collector's passes, by generation (one cause of such lag)."""
     total = sum(len(c.users) for c in conversations)
     bar = _Progress(arm, total, progress)
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
@@ -204,7 +206,13 @@ async def run_arm(
                     await asyncio.sleep(conversation.think_ms[turn] / 1000)
 
         watching = (
-            asyncio.create_task(watch_loop_lag(_Appends(loop_lag), interval=0.02))
+            asyncio.create_task(
+                watch_loop_lag(
+                    _Appends(loop_lag),
+                    interval=0.02,
+                    collections=_ByGeneration(collections) if collections is not None else None,
+                )
+            )
             if loop_lag is not None
             else None
         )
@@ -221,3 +229,13 @@ class _Appends:
 
     def __init__(self, into: list[float]) -> None:
         self.observe = into.append
+
+
+class _ByGeneration:
+    """The loop-lag watcher's observer of collector passes, a list per generation."""
+
+    def __init__(self, into: dict[str, list[float]]) -> None:
+        self._into = into
+
+    def labels(self, generation: str) -> _Appends:
+        return _Appends(self._into.setdefault(generation, []))
