@@ -29,6 +29,7 @@ import xxhash
 __all__ = [
     "DEFAULT_CHUNK_TOKENS",
     "DEFAULT_SETTINGS",
+    "ID_BYTES",
     "HashedTokens",
     "Path",
     "Plan",
@@ -48,7 +49,7 @@ __all__ = [
 DEFAULT_CHUNK_TOKENS = 256
 
 _TOKEN = "I"  # token ids are stored as little-endian uint32
-_TOKEN_BYTES = 4
+ID_BYTES = 4  # bytes of one packed token id
 _LITTLE = sys.byteorder == "little"
 
 
@@ -95,7 +96,7 @@ class HashedTokens:
         self._append(pack_ids(ids))
 
     def _append(self, packed: bytes) -> None:
-        step = self.chunk_size * _TOKEN_BYTES
+        step = self.chunk_size * ID_BYTES
         start = len(self.digests) * step
         self.packed += packed
         view = memoryview(self.packed)
@@ -118,11 +119,11 @@ class HashedTokens:
         return _unpack(self.packed)
 
     def __len__(self) -> int:
-        return len(self.packed) // _TOKEN_BYTES
+        return len(self.packed) // ID_BYTES
 
     def digest_of_prefix(self, length: int) -> bytes:
         """Digest of the first ``length`` tokens (the same function the chain uses)."""
-        return xxhash.xxh3_128(memoryview(self.packed)[: length * _TOKEN_BYTES]).digest()
+        return xxhash.xxh3_128(memoryview(self.packed)[: length * ID_BYTES]).digest()
 
     def prefix(self, length: int, *, output_start: int) -> TokenPrefix:
         """The stored form of the first ``length`` tokens."""
@@ -149,13 +150,13 @@ class TokenPrefix(msgspec.Struct, frozen=True, array_like=True):
         if not 0 <= length <= len(tokens):
             raise ValueError("prefix length out of range")
         whole = length // tokens.chunk_size
-        start = whole * tokens.chunk_size * _TOKEN_BYTES
+        start = whole * tokens.chunk_size * ID_BYTES
         output_start = min(output_start, length)
         return cls(
             chunk_size=tokens.chunk_size,
             length=length,
             digests=tokens.digests[:whole],
-            tail=tokens.packed[start : length * _TOKEN_BYTES],
+            tail=tokens.packed[start : length * ID_BYTES],
             output_start=output_start,
             output_digest=tokens.digest_of_prefix(output_start),
         )
@@ -185,7 +186,7 @@ class TokenPrefix(msgspec.Struct, frozen=True, array_like=True):
             # The prompt ends inside the hashed part: its last partial chunk has no digest to
             # compare, so reuse stops at the last whole matching chunk (conservative).
             return matched * self.chunk_size
-        start = self.tail_start * _TOKEN_BYTES
+        start = self.tail_start * ID_BYTES
         other_tail = tokens.packed[start : start + len(self.tail)]
         if other_tail == self.tail:
             return self.length
@@ -211,11 +212,11 @@ class TokenPrefix(msgspec.Struct, frozen=True, array_like=True):
 def _first_difference(a: bytes, b: bytes) -> int:
     """Index (in tokens) of the first token where two packed sequences differ."""
     n = min(len(a), len(b))
-    lo, hi = 0, n // _TOKEN_BYTES
+    lo, hi = 0, n // ID_BYTES
     # Binary search on equal prefixes: bytes comparison of slices is done in C.
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[: mid * _TOKEN_BYTES] == b[: mid * _TOKEN_BYTES]:
+        if a[: mid * ID_BYTES] == b[: mid * ID_BYTES]:
             lo = mid
         else:
             hi = mid - 1

@@ -12,11 +12,9 @@ from collections.abc import Sequence
 
 import xxhash
 
-from carryover.state.prefix import pack_ids
+from carryover.state.prefix import ID_BYTES, pack_ids
 
 __all__ = ["ROOT", "chain_hashes", "chain_of_packed", "extend", "salt_root"]
-
-_ID_BYTES = 4
 
 #: The parent of a sequence's first block.
 ROOT = 0
@@ -43,7 +41,7 @@ def chain_hashes(ids: Sequence[int], block_size: int, parent: int = ROOT) -> lis
 def chain_of_packed(packed: bytes, block_size: int, parent: int = ROOT) -> list[int]:
     """``chain_hashes`` of ids already packed (``pack_ids``: a turn's ``HashedTokens``)."""
     keys: list[int] = []
-    step = block_size * _ID_BYTES
+    step = block_size * ID_BYTES
     digest = xxhash.xxh3_64_intdigest
     # Slices of bytes: copying 64 bytes is cheaper than a memoryview's slice object.
     for start in range(0, len(packed) - step + 1, step):
