@@ -28,10 +28,10 @@ _SOURCES = "vllm:prompt_tokens_by_source_total"
 _SAMPLED = ("vllm:kv_cache_usage_perc", "sim:pinned_handles", "sim:pinned_kv_usage_perc")
 
 
-def _gauges(url: str, names: Sequence[str]) -> dict[str, float]:
+def _gauges(client: httpx.Client, url: str, names: Sequence[str]) -> dict[str, float]:
     """Each of ``names`` in one read of ``url``'s /metrics, summed over its labels."""
     found = dict.fromkeys(names, 0.0)
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+    for family in text_string_to_metric_families(client.get(f"{url}/metrics").text):
         for sample in family.samples:
             if sample.name in found:
                 found[sample.name] += sample.value
@@ -54,10 +54,13 @@ class DecodeSampler:
     """Every ``interval``: the decode instances' mean KV cache use (pins included) and the
     handles they pin, read from their own /metrics, for as long as an arm runs."""
 
-    def __init__(self, decodes: Sequence[Process], interval: float = 1.0) -> None:
+    def __init__(self, decodes: Sequence[str], interval: float = 1.0) -> None:
         # (seconds, mean use, pinned handles, mean share held by pins)
         self.samples: list[tuple[float, float, float, float]] = []
         self._decodes, self._interval = list(decodes), interval
+        # One client for the run: a new one per scrape builds an SSL context, about 80 ms
+        # of CPU, in the load generator's process (a third of a core at four decoders).
+        self._client = httpx.Client(timeout=30)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._started = time.perf_counter()
@@ -70,6 +73,7 @@ class DecodeSampler:
         self._stop.set()
         self._thread.join()
         self._sample()  # and as the run left them
+        self._client.close()
 
     def _run(self) -> None:
         self._started = time.perf_counter()
@@ -80,7 +84,7 @@ class DecodeSampler:
         if not self._decodes:  # the colocated baseline
             return
         try:
-            read = [_gauges(d.url, _SAMPLED) for d in self._decodes]  # one scrape each
+            read = [_gauges(self._client, url, _SAMPLED) for url in self._decodes]  # one each
             usage, pinned, pinned_usage = (sum(r[n] for r in read) for n in _SAMPLED)
             usage, pinned_usage = usage / len(read), pinned_usage / len(read)
         except httpx.HTTPError:

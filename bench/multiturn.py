@@ -251,7 +251,7 @@ def _run_sim_arm(
         started = time.perf_counter()
         lags: list[float] = []
         passes: dict[str, list[float]] = {}
-        with DecodeSampler(decoding) as sampler:
+        with DecodeSampler([d.url for d in decoding]) as sampler:
             records = asyncio.run(
                 run_arm(
                     arm,
