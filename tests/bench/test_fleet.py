@@ -4,6 +4,7 @@ client was told of is one D computed, found in its cache or pulled from P)."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def test_a_tiny_fleet_through_two_arms_agrees_with_the_engines_counters(tmp_path
         turns=3,
     )
     assert report["meta"]["workload"] == "chat" and "time_scale" in report["meta"]
+    # The load generator froze its heap through each arm, and left nothing frozen.
+    assert gc.get_freeze_count() == 0
     arms = report["arms"]
     for name, arm in arms.items():
         assert arm["requests"] == 12 and arm["failed"] == 0, (name, arm)
