@@ -58,7 +58,7 @@ class DecodeSampler:
         # (seconds, mean use, pinned handles, mean share held by pins)
         self.samples: list[tuple[float, float, float, float]] = []
         self._decodes, self._interval = list(decodes), interval
-        # One client for the run: a new one per scrape builds an SSL context, about 80 ms
+        # One client for the run: a new one per scrape builds an SSL context, about 50 ms
         # of CPU, in the load generator's process (a third of a core at four decoders).
         self._client = httpx.Client(timeout=30)
         self._stop = threading.Event()

@@ -55,5 +55,5 @@ def test_a_sample_of_four_decoders_reads_their_gauges_for_little_cpu(decoders: l
     spent = (time.thread_time() - started) / 10
     sampler._client.close()
     assert sampler.samples[-1][1:] == (0.25, 12.0, 0.125)  # mean use, pins summed, mean share
-    # A client per scrape built an SSL context each time: about 80 ms of CPU a scrape.
+    # A client per scrape built an SSL context each time: about 50 ms of CPU a scrape.
     assert spent < 0.04, f"{spent * 1000:.1f} ms of CPU a sample"
