@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from carryover.bench.procs import Process
 
@@ -19,6 +20,8 @@ __all__ = [
     "leg_means",
     "pressure_releases",
     "prompt_sources",
+    "retries",
+    "scrape",
 ]
 
 _SOURCES = "vllm:prompt_tokens_by_source_total"
@@ -38,15 +41,22 @@ def _gauges(client: httpx.Client, url: str, names: Sequence[str]) -> dict[str, f
     return found
 
 
-def _summed(url: str, name: str, by: str | None = None, **labels: str) -> dict[str, float]:
-    """Samples ``name`` of ``url``'s /metrics whose labels include ``labels``, summed by the
-    label ``by`` (one total under "" without it)."""
+def scrape(url: str) -> list[Sample]:
+    """Every sample of one read of ``url``'s /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def _summed(
+    samples: Sequence[Sample], name: str, by: str | None = None, **labels: str
+) -> dict[str, float]:
+    """The samples named ``name`` whose labels include ``labels``, summed by the label ``by``
+    (one total under "" without it)."""
     found: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                key = sample.labels[by] if by else ""
-                found[key] = found.get(key, 0.0) + sample.value
+    for sample in samples:
+        if sample.name == name and labels.items() <= sample.labels.items():
+            key = sample.labels[by] if by else ""
+            found[key] = found.get(key, 0.0) + sample.value
     return found
 
 
@@ -92,33 +102,34 @@ class DecodeSampler:
         self.samples.append((time.perf_counter() - self._started, usage, pinned, pinned_usage))
 
 
-def pressure_releases(router_url: str) -> tuple[float, float]:
-    """What a carryover router gave back under decode KV pressure, by its own count: held
-    handles (relief), and new ones not kept because their D was full at the turn's end."""
-    fates = _summed(router_url, "carryover_handle_fates_total", by="cause", fate="released")
+def pressure_releases(router: Sequence[Sample]) -> tuple[float, float]:
+    """What a carryover router (its ``scrape``) gave back under decode KV pressure, by its
+    own count: held handles (relief), and new ones not kept because their D was full at the
+    turn's end."""
+    fates = _summed(router, "carryover_handle_fates_total", by="cause", fate="released")
     return fates.get("decode_pressure", 0.0), fates.get("decode_full", 0.0)
 
 
-def retries(router_url: str) -> dict[str, float]:
+def retries(router: Sequence[Sample]) -> dict[str, float]:
     """A carryover router's retries by cause (a P or D attempt that failed and ran again,
     ``carryover_retries_total``): why turns ran ``cold-error``."""
-    return _summed(router_url, "carryover_retries_total", by="cause")
+    return _summed(router, "carryover_retries_total", by="cause")
 
 
-def leg_means(router_url: str) -> dict[str, float]:
+def leg_means(router: Sequence[Sample]) -> dict[str, float]:
     """A carryover router's mean time of each step of its turns (render, claim, prefill,
     decode, commit...), of its whole request and of its event loop's lag, in milliseconds,
     by its own histograms."""
-    sums = _summed(router_url, "carryover_leg_seconds_sum", by="leg")
-    counts = _summed(router_url, "carryover_leg_seconds_count", by="leg")
+    sums = _summed(router, "carryover_leg_seconds_sum", by="leg")
+    counts = _summed(router, "carryover_leg_seconds_count", by="leg")
     means = {leg: sums.get(leg, 0.0) / n * 1000 for leg, n in sorted(counts.items()) if n}
     # The whole request as the router's handler saw it (carryover_request_seconds).
-    whole = _summed(router_url, "carryover_request_seconds_sum")
-    requests = _summed(router_url, "carryover_request_seconds_count")
+    whole = _summed(router, "carryover_request_seconds_sum")
+    requests = _summed(router, "carryover_request_seconds_count")
     if requests.get(""):
         means["whole request"] = whole.get("", 0.0) / requests[""] * 1000
-    lag = _summed(router_url, "carryover_event_loop_lag_seconds_sum")
-    timers = _summed(router_url, "carryover_event_loop_lag_seconds_count")
+    lag = _summed(router, "carryover_event_loop_lag_seconds_sum")
+    timers = _summed(router, "carryover_event_loop_lag_seconds_count")
     if timers.get(""):
         means["loop lag"] = lag.get("", 0.0) / timers[""] * 1000
     return means
@@ -127,7 +138,7 @@ def leg_means(router_url: str) -> dict[str, float]:
 def engine_prompt_sources(url: str) -> dict[str, float]:
     """One engine's prompt tokens by source: local_compute, local_cache_hit,
     external_kv_transfer."""
-    return _summed(url, _SOURCES, by="source")
+    return _summed(scrape(url), _SOURCES, by="source")
 
 
 def prompt_sources(engines: Sequence[tuple[str, Process]]) -> dict[str, float]:

@@ -17,6 +17,7 @@ from carryover.bench.fleet_counters import (
     pressure_releases,
     prompt_sources,
     retries,
+    scrape,
 )
 from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
@@ -266,7 +267,10 @@ def _run_sim_arm(
                 )
             )
         wall = time.perf_counter() - started
-        relieved, not_kept = pressure_releases(url) if send_id else (None, None)
+        router_metrics = scrape(url) if send_id else None  # one read for all that follows
+        relieved, not_kept = (
+            pressure_releases(router_metrics) if router_metrics is not None else (None, None)
+        )
         return ArmResult(
             records,
             wall,
@@ -276,10 +280,10 @@ def _run_sim_arm(
             relieved,
             not_kept,
             None if cpu is None else cpu.used(wall, turns=len(records)),
-            leg_means(url) if send_id else None,
+            leg_means(router_metrics) if router_metrics is not None else None,
             lag_summary(lags, passes),
             engines_cpu(engine_meters, wall, turns=len(records)),
-            retries(url) if send_id else None,
+            retries(router_metrics) if router_metrics is not None else None,
         )
 
 

@@ -236,6 +236,8 @@ async def run_arm(
             if loop_lag is not None
             else None
         )
+        gc.collect()
+        gc.freeze()  # what was there before the arm: never walked again while it runs
         freezing = asyncio.create_task(_keep_heap_frozen())
         try:
             await asyncio.gather(*(converse(c) for c in conversations))
@@ -253,10 +255,9 @@ async def _keep_heap_frozen(every: float = 1.0) -> None:
     passes walked every conversation's messages and record (up to 160 ms a pass at 500
     conversations), a pause that lands in the ITL of every stream it times. Cycles that
     became garbage meanwhile wait for the end of the arm (``run_arm`` collects them)."""
-    gc.collect()
     while True:
-        gc.freeze()
         await asyncio.sleep(every)
+        gc.freeze()
 
 
 class _Appends:

@@ -45,6 +45,10 @@ STEPS = (
 )
 
 _encoder = msgspec.json.Encoder()
+#: The legs' bodies need a model; its engines are never called.
+_MODEL = ModelConfig(
+    prefill=[InstanceConfig("http://127.0.0.1:1")], decode=[InstanceConfig("http://127.0.0.1:2")]
+)
 
 
 def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[str, float], int]:
@@ -62,11 +66,7 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
     ids: list[int] = timed("render", lambda: template.encode(template.render_text(history)))
     hashed = timed("store hashes", lambda: HashedTokens(ids, chunk_size_for(16)))
     timed("index keys", lambda: Prompt(ids, packed=hashed.packed).keys(16))
-    model = ModelConfig(
-        prefill=[InstanceConfig("http://127.0.0.1:1")],
-        decode=[InstanceConfig("http://127.0.0.1:2")],
-    )
-    req = TurnRequest(model, "m", None, body, True, True, False, "r", None)
+    req = TurnRequest(_MODEL, "m", None, body, True, True, False, "r", None)
     ids_json: bytes = timed("ids JSON", lambda: _encoder.encode(ids))
     handle = {"do_remote_decode": True, "remote_block_ids": [list(range(len(ids) // 16))]}
 

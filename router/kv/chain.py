@@ -14,7 +14,7 @@ import xxhash
 
 from carryover.state.prefix import ID_BYTES, pack_ids
 
-__all__ = ["ROOT", "chain_hashes", "chain_of_packed", "extend", "salt_root"]
+__all__ = ["ROOT", "chain_hashes", "chain_of_packed", "salt_root"]
 
 #: The parent of a sequence's first block.
 ROOT = 0
@@ -26,11 +26,6 @@ def salt_root(salt: str | None) -> int:
     if not salt:
         return ROOT
     return xxhash.xxh3_64_intdigest(b"cache_salt\0" + salt.encode())
-
-
-def extend(parent: int, tokens: Sequence[int]) -> int:
-    """The key of a block holding ``tokens`` after the block keyed ``parent``."""
-    return xxhash.xxh3_64_intdigest(pack_ids(tokens), seed=parent)
 
 
 def chain_hashes(ids: Sequence[int], block_size: int, parent: int = ROOT) -> list[int]:
