@@ -254,9 +254,9 @@ class SimEngine(NixlTransfer):
         """No free block for a running request's next token: as vLLM's scheduler does
         (recompute preemption), the request admitted last gives its blocks back and waits at
         the head of the queue, to recompute its prompt and output when blocks free up. A
-        request alone in the batch waits instead (pins expiring free blocks)."""
-        if len(self._running) < 2:
-            return
+        request alone in the batch preempts itself (vLLM 0.32, ``v1/core/sched/scheduler.py``,
+        ``schedule()``: "No more request to preempt"), so that a waiting request holding
+        loaded KV can take its blocks instead of both waiting on pins to expire."""
         victim = self._running.pop()
         self.pool.release(victim.blocks)
         victim.blocks, victim.computed, victim.preempted = [], 0, True

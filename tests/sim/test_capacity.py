@@ -149,3 +149,40 @@ async def test_no_load_takes_blocks_while_a_preempted_request_waits_for_them() -
         engine._waiting.remove(blocked)
         assert len(await asyncio.wait_for(load, timeout=10)) == 2
         assert engine._load_may_allocate()
+
+
+async def test_a_lone_running_request_with_no_block_preempts_itself() -> None:
+    """A request alone in the batch that needs a block for its next token, behind which a
+    request holding loaded KV waits for one block more: vLLM's scheduler preempts the lone
+    request too (``preempted_req == request``: "No more request to preempt"), so its blocks
+    go to the waiting one, which finishes, and the preempted one resumes. Kept running, it
+    and the waiting request wait on each other for good."""
+    async with running(sim_config("kv_consumer", bidirectional=False, num_blocks=8)) as server:
+        engine = server.engine
+        eos = engine.template.eos_token_id
+        lone = EngineSequence(GenerationRequest("lone", _prompt(0, 6, 16), max_tokens=4), "decode")
+        lone.blocks = engine.pool.allocate(6)
+        lone.computed = 96
+        lone.answer = [100, 101, eos]
+        loaded = EngineSequence(
+            GenerationRequest("loaded", list(range(500, 540)), max_tokens=4), "decode"
+        )
+        loaded.blocks = engine.pool.allocate(2)  # 32 of its 40 prompt tokens, loaded
+        loaded.computed = loaded.external = 32
+        engine._running.append(lone)
+        engine._waiting.append(loaded)
+        engine._wake.set()
+
+        order: list[str] = []
+
+        async def finished(seq: EngineSequence) -> None:
+            while not isinstance(await seq.events.get(), Finished):
+                pass
+            order.append(seq.request.request_id)
+
+        await asyncio.wait_for(asyncio.gather(finished(loaded), finished(lone)), timeout=5)
+        async with httpx.AsyncClient(timeout=5) as client:
+            metrics = await ascrape(client, server.url)
+    assert order == ["loaded", "lone"]
+    assert lone.output == [100, 101, eos]  # its answer survives the recompute
+    assert metrics["vllm:num_preemptions_total"] == 1
