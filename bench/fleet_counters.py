@@ -76,6 +76,8 @@ class DecodeSampler:
         self._started = time.perf_counter()
 
     def __enter__(self) -> DecodeSampler:
+        self._started = time.perf_counter()
+        self._sample()  # the first read (a new client's connections) before the arm starts
         self._thread.start()
         return self
 
@@ -86,8 +88,7 @@ class DecodeSampler:
         self._client.close()
 
     def _run(self) -> None:
-        self._started = time.perf_counter()
-        while not self._stop.wait(self._interval if self.samples else 0):
+        while not self._stop.wait(self._interval):
             self._sample()
 
     def _sample(self) -> None:

@@ -186,6 +186,10 @@ async def run_arm(
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
     records: list[TurnRecord] = []
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        # What the process does once, on its first request (anyio's backend and the HTTP
+        # stack import lazily: tens of ms), done before the arm's clock: it stalled the loop
+        # among the first turns of whichever arm ran first.
+        await client.get(f"{url}/health")
 
         async def converse(conversation: Conversation) -> None:
             await asyncio.sleep(conversation.start_after)
