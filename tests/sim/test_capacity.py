@@ -25,6 +25,20 @@ def _prompt(start: int, blocks: int, size: int = 4) -> list[int]:
     return list(range(start, start + blocks * size))
 
 
+async def _finishing_order(*sequences: EngineSequence, timeout: float) -> list[str]:
+    """The request ids of ``sequences`` in the order they finish (all must, within
+    ``timeout``)."""
+    order: list[str] = []
+
+    async def finished(seq: EngineSequence) -> None:
+        while not isinstance(await seq.events.get(), Finished):
+            pass
+        order.append(seq.request.request_id)
+
+    await asyncio.wait_for(asyncio.gather(*(finished(s) for s in sequences)), timeout=timeout)
+    return order
+
+
 def test_held_blocks_count_against_capacity_and_a_request_beyond_it_waits() -> None:
     pool = BlockPool(8, 4)
     held = pool.allocate(6)  # a running request, or D's pin of a finished turn
@@ -124,15 +138,7 @@ async def test_a_request_holding_loaded_kv_runs_before_a_preempted_head_that_can
         loaded.computed = loaded.external = 32
         engine._waiting.extend([blocked, loaded])
         engine._wake.set()
-
-        order: list[str] = []
-
-        async def finished(seq: EngineSequence) -> None:
-            while not isinstance(await seq.events.get(), Finished):
-                pass
-            order.append(seq.request.request_id)
-
-        await asyncio.wait_for(asyncio.gather(finished(loaded), finished(blocked)), timeout=10)
+        order = await _finishing_order(loaded, blocked, timeout=10)
     assert order == ["loaded", "preempted"]
 
 
@@ -172,15 +178,7 @@ async def test_a_lone_running_request_with_no_block_preempts_itself() -> None:
         engine._running.append(lone)
         engine._waiting.append(loaded)
         engine._wake.set()
-
-        order: list[str] = []
-
-        async def finished(seq: EngineSequence) -> None:
-            while not isinstance(await seq.events.get(), Finished):
-                pass
-            order.append(seq.request.request_id)
-
-        await asyncio.wait_for(asyncio.gather(finished(loaded), finished(lone)), timeout=5)
+        order = await _finishing_order(loaded, lone, timeout=5)
         async with httpx.AsyncClient(timeout=5) as client:
             metrics = await ascrape(client, server.url)
     assert order == ["loaded", "lone"]
