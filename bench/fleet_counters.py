@@ -22,6 +22,7 @@ __all__ = [
     "prompt_sources",
     "retries",
     "scrape",
+    "wait_rendering",
 ]
 
 _SOURCES = "vllm:prompt_tokens_by_source_total"
@@ -45,6 +46,17 @@ def scrape(url: str) -> list[Sample]:
     """Every sample of one read of ``url``'s /metrics."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def wait_rendering(router_url: str, timeout: float = 60.0) -> None:
+    """Until a carryover router renders in process: its check against P's ``/tokenize``
+    (router/render/auto.py) runs once P answers, and until it has, turns are rendered by P.
+    A benchmark's arm starts after it, as traffic would reach a router a few seconds old."""
+    deadline = time.monotonic() + timeout
+    while _summed(scrape(router_url), "carryover_render_check", state="pending").get("", 0.0):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{router_url} still renders through P after {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def _summed(
@@ -76,7 +88,6 @@ class DecodeSampler:
         self._started = time.perf_counter()
 
     def __enter__(self) -> DecodeSampler:
-        self._started = time.perf_counter()
         self._sample()  # the first read (a new client's connections) before the arm starts
         self._thread.start()
         return self

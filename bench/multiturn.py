@@ -18,11 +18,12 @@ from carryover.bench.fleet_counters import (
     prompt_sources,
     retries,
     scrape,
+    wait_rendering,
 )
 from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
 from carryover.bench.placement import Placement
-from carryover.bench.procs import Process, free_port, topology, wait_rendering
+from carryover.bench.procs import Process, free_port, topology
 from carryover.bench.proctree import CpuMeter, engines_cpu
 from carryover.bench.report import Slo, build_report, lag_summary, write_report
 from carryover.bench.runner import TurnRecord, run_arm
@@ -247,7 +248,7 @@ def _run_sim_arm(
             engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         topo.wait()
         if router is not None and send_id:
-            wait_rendering(router)
+            wait_rendering(router.url)
         decoding = [process for role, process in engines if role == "decode"]
         cpu = CpuMeter(router.popen.pid) if router is not None else None
         engine_meters = [(role, CpuMeter(process.popen.pid)) for role, process in engines]

@@ -78,24 +78,6 @@ def _wait_ready(process: Process, path: str, timeout: float) -> None:
     raise RuntimeError(f"{process.name} did not become ready:\n{process.log.read_text()[-2000:]}")
 
 
-def wait_rendering(process: Process, timeout: float = 60.0) -> None:
-    """Until a carryover router renders in process: its check against P's ``/tokenize``
-    (router/render/auto.py) runs once P answers, and until it has, turns are rendered by P.
-    A benchmark's arm starts after it, as traffic would reach a router a few seconds old."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = httpx.get(f"{process.url}/metrics", timeout=5).text
-        if not any(
-            line.startswith("carryover_render_check{")
-            and 'state="pending"' in line
-            and not line.endswith(" 0.0")
-            for line in text.splitlines()
-        ):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{process.name} still renders through P after {timeout:.0f} s")
-
-
 @dataclass
 class Topology:
     """Processes started for one benchmark or demo run; all stopped on exit."""

@@ -8,12 +8,10 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
-from carryover.bench.fleet_counters import DecodeSampler
-from carryover.bench.procs import Process, wait_rendering
+from carryover.bench.fleet_counters import DecodeSampler, wait_rendering
 from carryover.bench.runner import run_arm
 from carryover.bench.workload import Conversation
 
@@ -89,13 +87,12 @@ def test_the_decoders_are_sampled_once_before_the_arm_starts(
 
 
 def test_a_carryover_arm_waits_until_its_router_renders_in_process(
-    server: tuple[str, type[_Recorder]], tmp_path: Path
+    server: tuple[str, type[_Recorder]],
 ) -> None:
     url, handler = server
     handler.pending_reads = 3
-    router = Process("router", url, None, tmp_path / "router.log")  # type: ignore[arg-type]
-    wait_rendering(router, timeout=10)
+    wait_rendering(url, timeout=10)
     assert handler.seen.count("GET /metrics") == 4  # pending three times, then agrees
     handler.pending_reads = 10_000
     with pytest.raises(RuntimeError, match="still renders through P"):
-        wait_rendering(router, timeout=0.3)
+        wait_rendering(url, timeout=0.3)
