@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from carryover.bench.lifetimes import Lifetimes
 from carryover.bench.multiturn import ARMS, run_arms
 from carryover.bench.placement import parse_cpus
 from carryover.bench.report import Slo, render_markdown
@@ -49,7 +50,7 @@ def _multiturn(args: argparse.Namespace) -> None:
         speed=args.speed,
         targets=targets,
         model=args.model,
-        decode_ttl=args.decode_ttl,
+        lifetimes=Lifetimes(args.decode_ttl) if args.decode_ttl else None,
         progress=sys.stderr.isatty(),
         meta={k: str(v) for k, v in vars(args).items() if k not in ("func", "target")},
     )

@@ -4,8 +4,8 @@ would run instead (vLLM Router's P/D policies, bench/peers.py), and a plain P/D 
 (carryover without conversation state).
 
 Time is scaled so that a run fits in minutes here, by two factors the report states:
-``--time-scale`` multiplies think times, arrival gaps and D's ``decoder_kv_blocks_ttl`` (the
-router is told the same TTL, with no queue margin); ``--engine-speed`` multiplies the engines'
+``--time-scale`` multiplies think times, arrival gaps, D's ``decoder_kv_blocks_ttl`` and P's
+margin before it (the router is told the same, with no queue margin: bench/lifetimes.py); ``--engine-speed`` multiplies the engines'
 simulated timing and the SLO. One factor for both would make a turn's engine work shorter
 than the router's and the simulators' own Python time on two cores, and the comparison would
 measure that instead; engine work kept within about 5x of real keeps it the larger part."""
@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from carryover.bench.lifetimes import Lifetimes
 from carryover.bench.multiturn import run_arms
 from carryover.bench.peers import POLICIES
 from carryover.bench.placement import Placement
@@ -163,8 +164,8 @@ def run_fleet(
         "answer_tokens": answer_tokens,
         "fleet": f"{prefills} P + {decodes} D, {blocks} KV blocks each, "
         f"--stream-interval {stream_interval}",
-        "time_scale": f"{time_scale} (think times, arrival gaps, D's TTL and the router's "
-        "lifetimes)",
+        "time_scale": f"{time_scale} (think times, arrival gaps, D's TTL, P's expiry margin "
+        "and the router's lifetimes)",
         "engine_speed": f"{speed} (the engines' simulated timing, and the SLO {slo.describe()})",
         "engine_nice": engine_nice,
         "placement": placement.describe(),
@@ -188,6 +189,6 @@ def run_fleet(
         ],
         progress=progress,
         meta=meta,
-        decode_ttl=preset.decode_ttl * time_scale,
+        lifetimes=Lifetimes.scaled(preset.decode_ttl, time_scale),
         placement=placement,
     )

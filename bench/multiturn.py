@@ -20,6 +20,7 @@ from carryover.bench.fleet_counters import (
     scrape,
     wait_rendering,
 )
+from carryover.bench.lifetimes import Lifetimes
 from carryover.bench.local_redis import local_redis
 from carryover.bench.peers import POLICIES, ensure_vllm_router, vllm_router_args
 from carryover.bench.placement import Placement
@@ -159,8 +160,9 @@ def _run_sim_arm(
     sim_flags: Sequence[str],
     progress: bool,
     model: str,
-    decode_ttl: float | None,
+    lifetimes: Lifetimes | None,
     placement: Placement,
+    log_dir: Path,
 ) -> ArmResult:
     flags = arm_flags(arm)
     engines: list[tuple[str, Process]] = []
@@ -169,7 +171,7 @@ def _run_sim_arm(
     with (
         contextlib.ExitStack() as stack,
         placement.load_generator(),
-        topology(placement) as topo,
+        topology(placement, log_dir=log_dir) as topo,
     ):
         if name in REDIS and flags is not None:
             flags = [*flags, "--redis", stack.enter_context(local_redis())]
@@ -218,32 +220,30 @@ def _run_sim_arm(
                     *("--warm-tier", "lmcache", "--warm-tier-health", f"{tier.url}/healthcheck"),
                     *("--warm-tier-chunk-tokens", str(WARM_CHUNK)),
                 ]
+            lifetime_flags = lifetimes.engine_flags() if lifetimes else []
             ps = [
                 topo.sim(
-                    f"prefill-{i}", "kv_producer", speed=speed, extra=p_flags, kv_events=events
+                    f"prefill-{i}",
+                    "kv_producer",
+                    speed=speed,
+                    extra=[*p_flags, *lifetime_flags],
+                    kv_events=events,
                 )
                 for i in range(prefills)
             ]
-            # A short decoder_kv_blocks_ttl stands in for minutes of reading: every handle
-            # expires before its conversation's next turn.
-            ttl = {"decoder_kv_blocks_ttl": decode_ttl} if decode_ttl else None
             ds = [
                 topo.sim(
                     f"decode-{i}",
                     "kv_consumer",
                     speed=speed,
-                    extra=sim_flags,
+                    extra=[*sim_flags, *lifetime_flags],
                     kv_events=events,
-                    extra_config=ttl,
+                    extra_config=lifetimes.decode_config() if lifetimes else None,
                 )
                 for i in range(decodes)
             ]
-            ttl_flags = (
-                ["--decoder-kv-blocks-ttl", str(decode_ttl), "--queue-margin", "0"]
-                if decode_ttl
-                else []
-            )
-            router = topo.router("router", ps, ds, *flags, *ttl_flags)
+            router_flags = lifetimes.router_flags() if lifetimes else []
+            router = topo.router("router", ps, ds, *flags, *router_flags)
             url, send_id, command = router.url, True, " ".join(router.argv)
             engines += [("prefill", p) for p in ps] + [("decode", d) for d in ds]
         topo.wait()
@@ -304,11 +304,13 @@ def run_arms(
     model: str = "sim-qwen3",
     progress: bool = True,
     meta: dict[str, Any] | None = None,
-    decode_ttl: float | None = None,
+    lifetimes: Lifetimes | None = None,
     placement: Placement | None = None,
 ) -> dict[str, Any]:
     """Every arm in ``arms`` runs on its own fresh simulated topology; ``targets`` maps extra arm
-    names to already running endpoints (a router in front of real vLLM, say)."""
+    names to already running endpoints (a router in front of real vLLM, say). ``lifetimes``:
+    D's TTL and P's margin for carryover's arms (None: vLLM's). Each arm's processes log to
+    ``out/logs/ARM/``."""
     records: list[TurnRecord] = []
     walls: dict[str, float] = {}
     sources: dict[str, dict[str, float]] = {}
@@ -350,8 +352,9 @@ def run_arms(
             sim_flags=sim_flags,
             progress=progress,
             model=model,
-            decode_ttl=decode_ttl,
+            lifetimes=lifetimes,
             placement=placement or Placement(),
+            log_dir=out / "logs" / arm,
         )
         records += result.records
         walls[arm] = result.wall

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,9 +81,10 @@ def _wait_ready(process: Process, path: str, timeout: float) -> None:
 
 @dataclass
 class Topology:
-    """Processes started for one benchmark or demo run; all stopped on exit."""
+    """Processes started for one benchmark or demo run; all stopped on exit. Each writes its
+    log to ``log_dir`` (one file a process)."""
 
-    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="carryover-")))
+    log_dir: Path
     processes: list[Process] = field(default_factory=list)
     #: Where the simulated engines (and their render server and warm tier) and the routers
     #: run: engines stand in for GPUs on hosts of their own (bench/placement.py).
@@ -218,9 +220,22 @@ def kv_event_flags(*engines: Process) -> list[str]:
 
 
 @contextlib.contextmanager
-def topology(placement: Placement | None = None) -> Iterator[Topology]:
-    topo = Topology(placement=placement or Placement())
+def topology(
+    placement: Placement | None = None, *, log_dir: Path | None = None
+) -> Iterator[Topology]:
+    """Processes stopped on exit. Their logs go to ``log_dir`` (kept), or to a temporary
+    folder that is removed after a run that raised nothing, and kept and named on stderr
+    after one that did: the logs are what a failed run's post-mortem reads."""
+    folder = log_dir or Path(tempfile.mkdtemp(prefix="carryover-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    topo = Topology(folder, placement=placement or Placement())
     try:
         yield topo
-    finally:
+    except BaseException:
         topo.stop()
+        if log_dir is None:
+            print(f"the stopped processes' logs: {folder}", file=sys.stderr)
+        raise
+    topo.stop()
+    if log_dir is None:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -70,6 +70,10 @@ class SimConfig(msgspec.Struct, kw_only=True):
     slow: float = 0.0
     seed: int = 0
     warm_tier: str | None = None  # URL of a shared simulated warm tier (bench/sim/warm_tier.py)
+    # P declines a read of D's blocks this close to D's deadline: vLLM's
+    # _KV_BLOCKS_EXPIRY_SAFETY_MARGIN (docs/vllm-protocol.md §4); a benchmark scaling D's TTL
+    # scales it too.
+    expiry_margin: float = 5.0
 
     @property
     def bidirectional(self) -> bool:
@@ -128,6 +132,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-slow", type=float, default=0.0, help="seconds added to every request")
     p.add_argument("--sim-seed", type=int, default=0)
     p.add_argument("--sim-warm-tier", metavar="URL", help="a carryover sim-warm-tier to share")
+    p.add_argument(
+        "--sim-expiry-margin",
+        type=float,
+        default=5.0,
+        help="seconds before D's deadline a read is declined (vLLM: 5)",
+    )
     return p
 
 
@@ -167,4 +177,5 @@ def parse_sim_args(argv: Sequence[str], environ: dict[str, str] | None = None) -
         slow=args.sim_slow,
         seed=args.sim_seed,
         warm_tier=args.sim_warm_tier,
+        expiry_margin=args.sim_expiry_margin,
     )

@@ -20,12 +20,10 @@ from carryover.bench.sim.sequence import EngineError, EngineSequence, Hold, cdiv
 from carryover.bench.sim.sidechannel import SideChannelError, read_remote
 from carryover.bench.sim.warm_tier import WarmTierClient
 
-__all__ = ["EXPIRY_SAFETY_MARGIN", "NixlTransfer"]
+__all__ = ["NixlTransfer"]
 
 log = logging.getLogger("carryover.sim")
 
-# vLLM declines a D->P read this close to D's deadline (docs/vllm-protocol.md §4).
-EXPIRY_SAFETY_MARGIN = 5.0
 _SIDE_CHANNEL_TIMEOUT = 5.0
 
 
@@ -250,7 +248,8 @@ class NixlTransfer:
             self._drop_hold(request_id)
             return {"ok": True}
         deadline = message.get("deadline")
-        if isinstance(deadline, (int, float)) and self.now() + EXPIRY_SAFETY_MARGIN >= deadline:
+        margin = self.config.expiry_margin
+        if isinstance(deadline, (int, float)) and self.now() + margin >= deadline:
             raise SideChannelError("expired", "Declining expired remote read")
         block_ids = message.get("block_ids")
         if not isinstance(block_ids, list) or not all(

@@ -10,7 +10,6 @@ import msgspec
 from carryover.router.config.errors import ConfigError, about
 
 __all__ = [
-    "VLLM_EXPIRY_MARGIN",
     "InstanceConfig",
     "ModelConfig",
     "RenderConfig",
@@ -21,9 +20,6 @@ __all__ = [
 
 #: Stands for each member's address in the KV event endpoints of a ``dns://`` instance.
 ADDRESS = "{address}"
-
-#: vLLM declines a D->P read within this many seconds of D's deadline (pull_worker.py:31-33).
-VLLM_EXPIRY_MARGIN = 5.0
 
 
 class InstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -290,6 +286,15 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     decoder_kv_blocks_ttl: Annotated[
         float, about("D's decoder_kv_blocks_ttl (vLLM's default 480 s).")
     ] = 480.0
+    expiry_safety_margin: Annotated[
+        float,
+        about(
+            "P declines to read a handle this close to D's deadline (vLLM's "
+            "_KV_BLOCKS_EXPIRY_SAFETY_MARGIN, 5 s; docs/vllm-protocol.md); records expire "
+            "this much earlier. Change it only for a vLLM that differs, or a benchmark that "
+            "scales time."
+        ),
+    ] = 5.0
     queue_margin: Annotated[
         float, about("Worst-case wait on P before it reads; records expire this much earlier.")
     ] = 25.0
@@ -331,14 +336,16 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def record_ttl(self) -> float:
-        return self.decoder_kv_blocks_ttl - VLLM_EXPIRY_MARGIN - self.queue_margin
+        return self.decoder_kv_blocks_ttl - self.expiry_safety_margin - self.queue_margin
 
     def __post_init__(self) -> None:
         if not self.decode:
             raise ConfigError("a model needs at least one decode instance (--decode URL)")
+        if self.expiry_safety_margin < 0 or self.queue_margin < 0:
+            raise ConfigError("expiry_safety_margin and queue_margin must not be negative")
         if self.record_ttl <= 0:
             raise ConfigError(
-                "decoder_kv_blocks_ttl must exceed 5 s (vLLM's expiry margin) + queue_margin"
+                "decoder_kv_blocks_ttl must exceed expiry_safety_margin + queue_margin"
             )
         if self.block_size <= 0:
             raise ConfigError("block_size must be positive")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from carryover.bench.lifetimes import Lifetimes
 from carryover.bench.multiturn import run_arms
 from carryover.bench.report import Slo
 from carryover.bench.workload import Distribution, WorkloadSpec, generate
@@ -85,7 +86,7 @@ def test_the_warm_arm_loads_expired_histories_from_the_shared_tier(tmp_path: Pat
         progress=False,
         prefills=2,
         decodes=1,
-        decode_ttl=6,
+        lifetimes=Lifetimes(6),
         # No prefix cache on the engines (as after eviction): which P a turn lands on cannot
         # decide what it computes; only the tier can spare P the history.
         sim_flags=("--no-enable-prefix-caching",),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,7 +60,7 @@ _IDLE = "import signal; signal.pause()"  # until the topology's stop signals it
 
 
 def test_sigterm_while_a_child_starts_still_stops_that_child(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """SIGTERM landing inside ``Popen`` after the fork (the benchmark's handler raises there)
     must not leave that child, in its own session, outside the topology's cleanup."""
@@ -74,7 +75,7 @@ def test_sigterm_while_a_child_starts_still_stops_that_child(
     previous = signal.signal(signal.SIGTERM, _unwind)
     monkeypatch.setattr(procs.subprocess, "Popen", popen_then_sigterm)
     try:
-        with pytest.raises(SystemExit), procs.topology() as topo:
+        with pytest.raises(SystemExit), procs.topology(log_dir=tmp_path) as topo:
             topo._spawn("idle", ["--port", "1"], command=(sys.executable, "-c", _IDLE))
         assert [child.poll() is not None for child in started] == [True]
     finally:
@@ -83,3 +84,24 @@ def test_sigterm_while_a_child_starts_still_stops_that_child(
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+def test_logs_are_kept_where_asked_or_after_a_failure_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with procs.topology() as topo:
+        topo._spawn("idle", ["--port", "1"], command=(sys.executable, "-c", _IDLE))
+        clean = topo.log_dir
+        assert (clean / "idle.log").exists()
+    assert not clean.exists()  # a clean run leaves nothing behind
+    with pytest.raises(RuntimeError), procs.topology() as topo:
+        failed = topo.log_dir
+        topo._spawn("idle", ["--port", "1"], command=(sys.executable, "-c", _IDLE))
+        raise RuntimeError("an arm failed")
+    try:
+        assert (failed / "idle.log").exists() and str(failed) in capsys.readouterr().err
+    finally:
+        shutil.rmtree(failed)
+    with procs.topology(log_dir=tmp_path / "logs") as topo:
+        topo._spawn("idle", ["--port", "1"], command=(sys.executable, "-c", _IDLE))
+    assert (tmp_path / "logs" / "idle.log").exists()

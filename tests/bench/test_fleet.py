@@ -5,15 +5,19 @@ client was told of is one D computed, found in its cache or pulled from P)."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from carryover.bench.fleet import ARMS, PRESETS, run_fleet
+from carryover.bench.lifetimes import Lifetimes
 from carryover.bench.multiturn import arm_flags
 from carryover.bench.report import Slo
+from carryover.bench.sim.config import parse_sim_args
 from carryover.bench.workload import WorkloadSpec, generate
+from carryover.router.config.load import load_config
 
 
 def test_every_fleet_arm_is_known_and_every_preset_scales() -> None:
@@ -23,6 +27,24 @@ def test_every_fleet_arm_is_known_and_every_preset_scales() -> None:
         arm_flags("vllm-router:least_busy")
     assert set(PRESETS) == {"chat", "agent", "pressure"}
     assert PRESETS["pressure"].num_blocks < PRESETS["chat"].num_blocks
+
+
+def test_scaled_time_keeps_a_handle_usable_for_the_same_share_of_ds_ttl() -> None:
+    # At 0.02 D's 480 s is 9.6 s: P's 5 s margin scales too, or it takes half of the TTL
+    # (a handle then read 230 s of think time after its turn, not 475 s).
+    lifetimes = Lifetimes.scaled(PRESETS["chat"].decode_ttl, 0.02)
+    transfer = {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_consumer",
+        "kv_connector_extra_config": lifetimes.decode_config(),
+    }
+    decode = parse_sim_args(
+        ["sim-qwen3", *lifetimes.engine_flags(), "--kv-transfer-config", json.dumps(transfer)]
+    )
+    readable = decode.extra.decoder_kv_blocks_ttl - decode.expiry_margin
+    assert readable == pytest.approx((480 - 5) * 0.02)
+    router = load_config(["--decode", "http://d:1", *lifetimes.router_flags()], environ={})
+    assert router.models[0].record_ttl == pytest.approx(readable)
 
 
 def test_conversations_have_turns_in_their_range_and_agents_send_tool_results() -> None:

@@ -10,8 +10,8 @@ from carryover.bench.procs import Process, Topology
 
 
 @pytest.fixture(scope="module")
-def router() -> Iterator[Process]:
-    topo = Topology()
+def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    topo = Topology(tmp_path_factory.mktemp("logs"))
     try:
         p = topo.sim("prefill", "kv_producer", speed=0, extra=["--max-model-len", "4096"])
         d = topo.sim("decode", "kv_consumer", speed=0, extra=["--max-model-len", "4096"])

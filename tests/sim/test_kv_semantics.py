@@ -222,6 +222,23 @@ async def test_expired_handle_fails_fast_with_500(client: httpx.AsyncClient) -> 
         assert (await post(client, p, "/v1/chat/completions", body2)).status_code == 200
 
 
+async def test_a_read_is_declined_only_within_the_configured_margin_of_the_deadline(
+    client: httpx.AsyncClient,
+) -> None:
+    # A benchmark that scales D's TTL scales P's 5 s margin with it; here 1 s of 480.
+    async with pd_pair(p_enable_prefix_caching=False, expiry_margin=1.0) as (p, d):
+        first = [user(LONG * 2)]
+        d1, _ = await pd_chat(client, p, d, chat_body(first))
+        await post(client, d, "/sim/faults", {"advance_clock": 476})  # past 480 - 5, not 480 - 1
+        body2 = chat_body(turn2_messages(first, d1["choices"][0]["message"]["content"]))
+        params = {**body2, "max_tokens": 1, "kv_transfer_params": d1["kv_transfer_params"]}
+        assert (await post(client, p, "/v1/chat/completions", params)).status_code == 200
+        metrics = await ascrape(client, p.url)
+        assert metrics.get("vllm:nixl_num_kv_expired_reqs_total", 0) == 0
+        pulled = metrics["vllm:prompt_tokens_by_source_total{source=external_kv_transfer}"]
+        assert pulled == d1["kv_transfer_params"]["remote_num_tokens"]
+
+
 async def test_pinned_blocks_are_released_after_the_ttl(client: httpx.AsyncClient) -> None:
     async with pd_pair() as (p, d):
         await pd_chat(client, p, d, chat_body([user(LONG)]))
