@@ -33,6 +33,7 @@ from carryover.router.http.services import (
 from carryover.router.openai import ChatView, parse_body
 from carryover.router.tenants.salt import check_client_salt
 from carryover.router.turn import TurnRequest
+from carryover.router.turn.model import LegChoice
 
 __all__ = ["chat_completions", "completions", "models"]
 
@@ -107,6 +108,17 @@ class _Labels:
 
     def __init__(self) -> None:
         self.model = ""  # the served model's name, once resolved: never a client's guess
+
+
+def _placed(placed: Mapping[str, LegChoice]) -> dict[str, Any]:
+    """The turn log's fields for where its legs ran: each leg's instance, and for the P
+    leg what the KV-event index said it held of the prompt, beside the most any P held."""
+    fields: dict[str, Any] = {leg: choice.instance for leg, choice in placed.items()}
+    prefill = placed.get("prefill")
+    if prefill is not None and prefill.indexed is not None:
+        fields["prefill_indexed_tokens"] = prefill.indexed
+        fields["prefill_most_indexed_tokens"] = prefill.most_indexed
+    return fields
 
 
 def _status_of(exc: Exception) -> tuple[str, str]:
@@ -211,6 +223,7 @@ async def _generate(
                     "prompt_tokens": outcome.prompt_tokens if outcome else None,
                     "reused_tokens": outcome.reused_tokens if outcome else 0,
                     "handle": outcome.handle if outcome else None,
+                    **(_placed(outcome.placed) if outcome else {}),
                     "stream": turn_request.stream,
                     "elapsed_ms": round((time.perf_counter() - started) * 1000, 2),
                 },

@@ -128,6 +128,17 @@ class TokensPrompt:
         return ids
 
 
+@dataclass(frozen=True)
+class LegChoice:
+    """The instance a leg chose, and what the KV-event index said of it (the turn's log
+    line): the prompt's leading tokens it held, and the most any candidate held (``None``:
+    no index, unchecked ids, or candidates not given)."""
+
+    instance: str
+    indexed: int | None = None
+    most_indexed: int | None = None
+
+
 @dataclass
 class Prepared:
     """The checked prompt and what to do with the conversation's stored handle."""
@@ -151,6 +162,7 @@ class Prepared:
         None  # the claimed record's handle in the ledger (router/ledger.py)
     )
     prefill_ids: RanIds | None = None  # the prompt ids P said it ran, when it says
+    placed: dict[str, LegChoice] = field(default_factory=dict)  # by leg: its last choice
     _ids_json: bytes | None = None
 
     @property
@@ -230,6 +242,7 @@ class TurnOutcome:
     prompt_tokens: int | None = None  # None: the engines rendered it (nothing checked)
     reused_tokens: int = 0  # pulled from D with the handle
     handle: str = "none"  # the claimed handle's fate so far ("sent", "released:superseded", …)
+    placed: dict[str, LegChoice] = field(default_factory=dict)  # by leg
 
     @classmethod
     def of(cls, prepared: Prepared, **answer: Any) -> TurnOutcome:
@@ -245,5 +258,6 @@ class TurnOutcome:
             prompt_tokens=len(prepared.ids) if prepared.ids is not None else None,
             reused_tokens=prepared.reused_tokens,
             handle=handle,
+            placed=prepared.placed,
             **answer,
         )

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import Held
 from carryover.router.kv.index import Cached, Prompt
 from carryover.router.kv.warm import WarmOutcome, WarmTier
-from carryover.router.turn.model import Prepared, TurnPath
+from carryover.router.turn.model import LegChoice, Prepared, TurnPath
 from carryover.router.turn.services import TurnServices
 
 __all__ = ["cached_on", "held_on_device", "holding", "note_choice", "note_warm", "note_warm_stored"]
@@ -82,9 +84,22 @@ def held_on_device(svc: TurnServices, prepared: Prepared, instance: Instance) ->
     return cached.device_tokens if cached is not None else 0
 
 
-def note_choice(svc: TurnServices, prepared: Prepared, leg: str, instance: Instance) -> None:
-    """Count the index's hits on the chosen instance (``carryover_kv_cached_tokens``)."""
+def note_choice(
+    svc: TurnServices,
+    prepared: Prepared,
+    leg: str,
+    instance: Instance,
+    among: Sequence[Instance] = (),
+) -> None:
+    """Note the instance chosen for ``leg`` among ``among`` (the turn's log line), and count
+    the index's hits on it (``carryover_kv_cached_tokens``)."""
     cached = _cached(svc, prepared, instance.name)
+    held = [c.tokens for c in (_cached(svc, prepared, i.name) for i in among) if c is not None]
+    prepared.placed[leg] = LegChoice(
+        instance.name,
+        indexed=cached.tokens if cached is not None else None,
+        most_indexed=max(held) if held else None,
+    )
     if cached is None or svc.kv is None:
         return
     svc.kv.metrics.queried_tokens.labels(leg).inc(len(prepared.ids or ()))

@@ -38,16 +38,13 @@ async def run_prefill(
     held = holding(svc, prepared, warm=True)
     with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
         for _ in range(3):
+            candidates = svc.pool.available(req.model, "prefill", tried)
             instance = pick_prefill(
-                svc.pool.available(req.model, "prefill", tried),
-                svc.rng,
-                held=held,
-                last=last,
-                affinity=svc.affinity,
+                candidates, svc.rng, held=held, last=last, affinity=svc.affinity
             )
             if instance is None:
                 return await _no_prefill(svc, req, prepared)
-            note_choice(svc, prepared, "prefill", instance)
+            note_choice(svc, prepared, "prefill", instance, candidates)
             planned, path_before = prepared.plan, prepared.path
             _give_back_if_pull_wasted(svc, req, prepared, instance)
             plan_ = prepared.plan

@@ -3,6 +3,7 @@ the P and the D that already hold its prefix (docs/kv-events.md)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,14 @@ async def test_new_conversations_go_where_their_shared_prefix_is_cached(tmp_path
         assert hits[p_other.url] == 0 and hits[d_other.url] == 0, hits
         router = await ascrape(s.client, s.router.url)
         assert router["carryover_kv_cached_tokens_total{leg=prefill}"] >= 4 * shared
+        # Each turn's log line names where it ran and what the index said the P held: the
+        # most any P held.
+        lines = [json.loads(line) for line in s.router.log().splitlines() if '"turn"' in line]
+        later = [line for line in lines if line.get("msg") == "turn"][1:]
+        assert len(later) == 4
+        for line in later:
+            assert line["prefill"] == name_of(p_holder) and line["decode"] == name_of(d_holder)
+            assert line["prefill_indexed_tokens"] == line["prefill_most_indexed_tokens"] >= shared
 
 
 async def test_a_short_turn_on_the_decode_that_holds_its_history_skips_p(tmp_path: Path) -> None:

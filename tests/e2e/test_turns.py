@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -82,6 +83,10 @@ async def test_five_turns_reuse_and_match_the_reference(tmp_path: Path, stream: 
         assert [t["path"] for t in turns] == paths
         assert [t["reused_tokens"] for t in turns] == pulled
         assert [t["handle"] for t in turns] == ["none"] + ["sent"] * 4
+        # ... and where each leg ran (no KV events here: nothing the index said).
+        p, d = (urlsplit(server.url).netloc for server in (s.prefill[0], s.decode[0]))
+        assert all(t["prefill"] == p and t["decode"] == d for t in turns), turns
+        assert not any("prefill_indexed_tokens" in t for t in turns)
 
 
 @pytest.mark.parametrize("stream", [False, True])
