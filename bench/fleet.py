@@ -189,6 +189,7 @@ def run_fleet(
         ],
         progress=progress,
         meta=meta,
-        lifetimes=Lifetimes.scaled(preset.decode_ttl, time_scale),
+        # time_scale 0 (engines without delays): vLLM's own lifetimes.
+        lifetimes=Lifetimes.scaled(preset.decode_ttl, time_scale) if time_scale > 0 else None,
         placement=placement,
     )

@@ -33,6 +33,7 @@ def test_sigterm_stops_the_simulated_engines_a_benchmark_started(tmp_path: Path)
         [sys.executable, "-m", "carryover", *endless, "--out", str(tmp_path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # where its logs' folder goes
     )
     engines: list[int] = []
     try:
@@ -48,6 +49,8 @@ def test_sigterm_stops_the_simulated_engines_a_benchmark_started(tmp_path: Path)
             what="the engines stopped",
             timeout=20,
         )
+        # A run that did not end cleanly keeps its processes' logs.
+        assert [log.name for log in tmp_path.glob("carryover-*/*.log")] == ["engine.log"]
     finally:
         if bench.poll() is None:
             bench.kill()
