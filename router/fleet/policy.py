@@ -6,7 +6,8 @@ busier than the least loaded one, the one with the best gain wins, where the gai
 prompt tokens an instance holds less ``tokens_per_load`` for each request of load it has above
 the least loaded. A holder is thus worth its extra load only when it saves enough of the
 prompt; load decides when nobody's gain is positive. Without an index, the instance of the
-conversation's last turn stands in for "holds the most" (its prefix cache likely does).
+conversation's last turn stands in for "holds the most" (its prefix cache likely does). A
+conversation's first P leg goes where its id hashes (``pick_prefill``'s ``home``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import xxhash
 
 from carryover.router.fleet.instance import Instance
 
@@ -82,6 +85,12 @@ def pick_decode(
     return a if a.load() <= b.load() else b
 
 
+def _home(conversation: str, instance: Instance) -> int:
+    """Rendezvous hashing: each conversation ranks the instances its own way, the same in
+    every router replica, and keeps its rank when instances come or go."""
+    return xxhash.xxh3_64_intdigest(f"{conversation}\0{instance.name}".encode())
+
+
 def pick_prefill(
     candidates: list[Instance],
     rng: random.Random,
@@ -89,10 +98,22 @@ def pick_prefill(
     held: Held = _nothing_known,
     last: str | None = None,
     affinity: Affinity = Affinity(),
+    home: str | None = None,
 ) -> Instance | None:
     """The P with the best gain within the slack of the least load (else the conversation's
-    last P); else the least loaded."""
+    last P); else the least loaded.
+
+    ``home``: the conversation of a first turn, which goes to the P its id hashes to among
+    those within the slack, whatever P holds a shared prefix of it. Its later turns follow
+    its history there (the gain), so following a shared system prompt's holder would make
+    that one P every conversation's: its compute the queue and its prefix cache too small for
+    their histories, while the other Ps idle (bench/RESULTS.md, chat at 500 conversations).
+    Each P computes a shared prefix once and holds it from then on."""
     if not candidates:
         return None
     least = min(candidates, key=lambda i: (i.load(), rng.random()))
+    if home is not None:
+        floor = least.load()
+        eligible = [i for i in candidates if i.load() <= floor + affinity.slack]
+        return max(eligible, key=lambda i: _home(home, i))
     return _by_holding(candidates, held, last, affinity, least) or least

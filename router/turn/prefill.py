@@ -36,11 +36,14 @@ async def run_prefill(
     tried: set[Instance] = set()
     last = prepared.record.prefill if prepared.record is not None else None
     held = holding(svc, prepared, warm=True)
+    # A conversation's first turn: its home P by its id (router/fleet/policy.py).
+    first = req.key is not None and req.turn == 1 and prepared.record is None
+    home = req.key.storage_key() if first and req.key is not None else None
     with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
         for _ in range(3):
             candidates = svc.pool.available(req.model, "prefill", tried)
             instance = pick_prefill(
-                candidates, svc.rng, held=held, last=last, affinity=svc.affinity
+                candidates, svc.rng, held=held, last=last, affinity=svc.affinity, home=home
             )
             if instance is None:
                 return await _no_prefill(svc, req, prepared)

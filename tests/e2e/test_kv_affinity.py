@@ -34,16 +34,19 @@ async def index_blocks(s: Stack) -> dict[str, float]:
     }
 
 
-async def new_conversation(s: Stack, question: str) -> None:
+async def shared_prefix_turn(s: Stack, question: str, conversation: str | None = None) -> None:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": question},
     ]
-    got = await chat_turn(s.client, s.router.url, messages, conversation_id=uuid.uuid4().hex)
-    assert got.status == 200 and got.path == "cold-miss", got.raw
+    got = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+    path = "cold-miss" if conversation is not None else "no-conversation"
+    assert got.status == 200 and got.path == path, got.raw
 
 
-async def test_new_conversations_go_where_their_shared_prefix_is_cached(tmp_path: Path) -> None:
+async def test_prompts_go_where_their_shared_prefix_is_cached_and_conversations_spread(
+    tmp_path: Path,
+) -> None:
     async with stack(
         tmp_path,
         prefills=2,
@@ -51,14 +54,14 @@ async def test_new_conversations_go_where_their_shared_prefix_is_cached(tmp_path
         sim={"kv_events": True, "threshold": 16},
         router_flags=("--expose-path-header",),
     ) as s:
-        await new_conversation(s, "What is the size of /etc/hosts?")
+        await shared_prefix_turn(s, "What is the size of /etc/hosts?")
         # The index learns, from the engines' events, which P and which D hold the prompt.
         learned = await eventually(
             lambda: index_blocks(s),
             lambda blocks: all(
                 any(blocks[name_of(sim)] > 0 for sim in group) for group in (s.prefill, s.decode)
             ),
-            what="the index holds the first conversation's blocks",
+            what="the index holds the first prompt's blocks",
         )
         p_holder = next(p for p in s.prefill if learned[name_of(p)] > 0)
         d_holder = next(d for d in s.decode if learned[name_of(d)] > 0)
@@ -67,11 +70,11 @@ async def test_new_conversations_go_where_their_shared_prefix_is_cached(tmp_path
         sims = (*s.prefill, *s.decode)
         hits_before = {sim.url: await local_hits(s, sim) for sim in sims}
         for i in range(4):
-            await new_conversation(s, f"And the size of /var/log/syslog.{i}?")
+            await shared_prefix_turn(s, f"And the size of /var/log/syslog.{i}?")
         hits = {sim.url: await local_hits(s, sim) - hits_before[sim.url] for sim in sims}
         shared = len(SYSTEM) // 8  # well under the system prompt's tokens, in whole blocks
-        # Every new conversation's P and D already held the shared prefix: they computed only
-        # the rest, and the other instances saw none of these turns' prefixes.
+        # Every prompt's P and D already held the shared prefix: they computed only the rest,
+        # and the other instances saw none of these prompts.
         assert hits[p_holder.url] >= 4 * shared, hits
         assert hits[d_holder.url] >= 4 * shared, hits
         assert hits[p_other.url] == 0 and hits[d_other.url] == 0, hits
@@ -85,6 +88,15 @@ async def test_new_conversations_go_where_their_shared_prefix_is_cached(tmp_path
         for line in later:
             assert line["prefill"] == name_of(p_holder) and line["decode"] == name_of(d_holder)
             assert line["prefill_indexed_tokens"] == line["prefill_most_indexed_tokens"] >= shared
+        # A conversation's first turn goes to the P its id hashes to, holder or not: its later
+        # turns follow its history there, and the holder of a shared system prompt would
+        # become every conversation's P (router/fleet/policy.py). Sixteen conversations all
+        # hashing to one of two Ps: one run in 30,000.
+        for i in range(16):
+            await shared_prefix_turn(s, f"Where is /etc/motd.{i}?", conversation=f"c{i}")
+        lines = [json.loads(line) for line in s.router.log().splitlines() if '"turn"' in line]
+        firsts = [line for line in lines if line.get("msg") == "turn"][5:]
+        assert {line["prefill"] for line in firsts} == {name_of(p) for p in s.prefill}
 
 
 async def test_a_short_turn_on_the_decode_that_holds_its_history_skips_p(tmp_path: Path) -> None:

@@ -71,3 +71,31 @@ def test_without_holdings_the_last_instance_then_load_decides() -> None:
     assert pick_decode([a, b], rng, last="b", affinity=Affinity(slack=4)) is b
     # Nothing known of anyone: the power of two choices picks the less loaded of two.
     assert all(pick_decode([a, b], rng) is a for _ in range(20))
+
+
+def test_first_turns_spread_over_every_p_whoever_holds_their_shared_prefix() -> None:
+    # Only p0 holds the system prompt every conversation starts with: following it would
+    # make p0 every conversation's P (their later turns follow their histories there).
+    ps = [instance(f"p{i}", 0) for i in range(4)]
+    rng = random.Random(0)
+
+    def shared(i: Instance) -> int | None:
+        return 1024 if i.name == "p0" else 0
+
+    homes = [
+        pick_prefill(ps, rng, held=shared, affinity=Affinity(4, 256), home=f"conv-{n}")
+        for n in range(400)
+    ]
+    counts = {p.name: sum(h is p for h in homes) for p in ps}
+    assert all(70 <= n <= 130 for n in counts.values()), counts
+    # A conversation's home is its own, in every replica and on every call ...
+    again = pick_prefill(
+        ps, random.Random(1), held=shared, affinity=Affinity(4, 256), home="conv-7"
+    )
+    assert again is homes[7]
+    # ... among the Ps within the slack of the least loaded.
+    busy = [instance(p.name, 5) if p is homes[7] else p for p in ps]
+    elsewhere = pick_prefill(busy, rng, held=shared, affinity=Affinity(4, 256), home="conv-7")
+    assert elsewhere is not None and elsewhere.name != homes[7].name
+    # Without a home (later turns, requests outside a conversation) the holder still wins.
+    assert pick_prefill(ps, rng, held=shared, affinity=Affinity(4, 256)) is ps[0]
