@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from carryover.bench.lifetimes import VLLM_EXPIRY_MARGIN
 from carryover.bench.sim.kv_events import KVEventsSettings
 from carryover.bench.sim.timing import Timing
 
@@ -73,7 +74,7 @@ class SimConfig(msgspec.Struct, kw_only=True):
     # P declines a read of D's blocks this close to D's deadline: vLLM's
     # _KV_BLOCKS_EXPIRY_SAFETY_MARGIN (docs/vllm-protocol.md §4); a benchmark scaling D's TTL
     # scales it too.
-    expiry_margin: float = 5.0
+    expiry_margin: float = VLLM_EXPIRY_MARGIN
 
     @property
     def bidirectional(self) -> bool:
@@ -135,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sim-expiry-margin",
         type=float,
-        default=5.0,
+        default=VLLM_EXPIRY_MARGIN,
         help="seconds before D's deadline a read is declined (vLLM: 5)",
     )
     return p

@@ -92,9 +92,11 @@ def note_choice(
     among: Sequence[Instance] = (),
 ) -> None:
     """Note the instance chosen for ``leg`` among ``among`` (the turn's log line), and count
-    the index's hits on it (``carryover_kv_cached_tokens``)."""
+    the index's hits on it (``carryover_kv_cached_tokens``). The most held is over the
+    candidates the rule already looked up: no lookup is made for the log line."""
     cached = _cached(svc, prepared, instance.name)
-    held = [c.tokens for c in (_cached(svc, prepared, i.name) for i in among) if c is not None]
+    weighed = (prepared.kv_cached.get(i.name) for i in among)
+    held = [c.tokens for c in weighed if c is not None]
     prepared.placed[leg] = LegChoice(
         instance.name,
         indexed=cached.tokens if cached is not None else None,

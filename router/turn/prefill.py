@@ -37,8 +37,11 @@ async def run_prefill(
     last = prepared.record.prefill if prepared.record is not None else None
     held = holding(svc, prepared, warm=True)
     # A conversation's first turn: its home P by its id (router/fleet/policy.py).
-    first = req.key is not None and req.turn == 1 and prepared.record is None
-    home = req.key.storage_key() if first and req.key is not None else None
+    home = (
+        req.key.storage_key()
+        if req.key is not None and req.turn == 1 and prepared.record is None
+        else None
+    )
     with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
         for _ in range(3):
             candidates = svc.pool.available(req.model, "prefill", tried)
