@@ -194,7 +194,7 @@ class RouterMetrics:
         )
         self.handles_held = Counter(
             "carryover_handles_held",
-            "Handles that came into the router's hands, by origin (router/ledger.py).",
+            "Handles that came into the router's hands, by origin (router/handles/ledger.py).",
             ["origin"],
             registry=r,
         )

@@ -69,6 +69,9 @@ class ReleaseCause(StrEnum):
     STREAM_BROKEN = "stream_broken"
     # DELETE of the conversation.
     DELETED = "deleted"
+    # The turn ended with an error (no healthy D, a failed capture) before the handle it held
+    # was sent or written anywhere: nobody else knows it.
+    TURN_FAILED = "turn_failed"
 
 
 class LeftToExpire(StrEnum):
@@ -107,3 +110,6 @@ class LeftToExpire(StrEnum):
     DECODE_RESTARTED = "decode_restarted"
     # The claimed record's handle could not be read: nothing safe to send.
     UNREADABLE = "unreadable"
+    # A stage met an event the fate table has no row for (a bug, also counted as a ledger
+    # error): never released, since nothing proves it safe.
+    UNPLANNED = "unplanned"

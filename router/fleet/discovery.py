@@ -23,8 +23,8 @@ import msgspec
 from carryover.router.config import InstanceConfig
 from carryover.router.config.engines import ADDRESS
 from carryover.router.fleet.instance import Instance
-from carryover.router.ledger import HandleLedger, Origin
-from carryover.router.outcomes import LeftToExpire
+from carryover.router.handles.fates import Event
+from carryover.router.handles.ledger import HandleLedger, Origin
 from carryover.state import Record, Store
 
 __all__ = [
@@ -112,11 +112,12 @@ async def give_back_left(
         return 0
     oldest = await store.claim_oldest(instance.name, held.releasable, now=now)
     if oldest.withheld:
-        ledger.lost(Origin.RELIEVED, LeftToExpire.NOT_DURABLE, oldest.withheld)
+        ledger.lost(Origin.RELIEVED, Event.NOT_DURABLE, oldest.withheld)
     if instance.healthy:
         await asyncio.gather(*(release(instance, record) for record in oldest.records))
     else:
-        ledger.lost(Origin.RELIEVED, LeftToExpire.INSTANCE_GONE, len(oldest.records))
+        for record in oldest.records:
+            ledger.settle(ledger.hold(Origin.RELIEVED, record.handle), Event.INSTANCE_UNREACHABLE)
     log.info(
         "instance %s left: %d of its handles %s",
         instance.name,

@@ -26,9 +26,9 @@ import math
 from collections.abc import Awaitable, Callable, Iterable
 
 from carryover.router.fleet.instance import Instance
-from carryover.router.ledger import HandleLedger, Origin
+from carryover.router.handles.fates import Event
+from carryover.router.handles.ledger import HandleLedger, Origin
 from carryover.router.metrics import RouterMetrics
-from carryover.router.outcomes import LeftToExpire
 from carryover.state import Record, Store, StoreUnavailable
 
 __all__ = ["keeps_new_pins", "relieve", "relieve_forever", "share_to_release"]
@@ -109,7 +109,7 @@ async def relieve(
         oldest = await store.claim_oldest(instance.name, count, now=now)
         records = oldest.records
         if oldest.withheld:
-            ledger.lost(Origin.RELIEVED, LeftToExpire.NOT_DURABLE, oldest.withheld)
+            ledger.lost(Origin.RELIEVED, Event.NOT_DURABLE, oldest.withheld)
             log.warning(
                 "%d handles claimed without a replica's acknowledgement: left to D's TTL",
                 oldest.withheld,

@@ -24,6 +24,7 @@ from carryover.router.fleet.held import report_held_forever
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.pool import InstancePool
 from carryover.router.fleet.pressure import relieve_forever
+from carryover.router.handles.ledger import Origin
 from carryover.router.http.auth import Authenticator
 from carryover.router.http.inference import chat_completions, completions, models
 from carryover.router.http.operations import (
@@ -39,7 +40,6 @@ from carryover.router.http.readiness import watch_models
 from carryover.router.http.services import Services, json_response
 from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.service import KvEvents
-from carryover.router.ledger import Origin
 from carryover.router.loop_lag import watch_loop_lag
 from carryover.router.metrics import RouterMetrics
 from carryover.router.outcomes import ReleaseCause

@@ -11,6 +11,7 @@ from litestar.params import FromPath
 
 from carryover.router.errors import EngineUnavailable, NotFound, error_body
 from carryover.router.fleet.draining import drain
+from carryover.router.handles.ledger import Origin
 from carryover.router.http.api_schema import openapi_document
 from carryover.router.http.auth import DEFAULT_TENANT
 from carryover.router.http.readiness import not_ready
@@ -20,7 +21,6 @@ from carryover.router.http.services import (
     resolve_model,
     services_of,
 )
-from carryover.router.ledger import Origin
 from carryover.router.outcomes import ReleaseCause
 from carryover.state import StoreUnavailable
 

@@ -6,8 +6,9 @@ import logging
 
 from carryover.router.fleet.instance import Instance, streams_handles
 from carryover.router.fleet.pressure import keeps_new_pins
-from carryover.router.ledger import Origin
-from carryover.router.outcomes import LeftToExpire, NoHandleCause, ReleaseCause
+from carryover.router.handles.fates import Event
+from carryover.router.handles.ledger import Origin, Stage
+from carryover.router.outcomes import NoHandleCause, ReleaseCause
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.model import Prepared, TurnRequest
 from carryover.router.turn.prefill_answer import same_ids
@@ -21,7 +22,7 @@ from carryover.state import (
     chunk_size_for,
 )
 
-__all__ = ["commit", "release_replaced"]
+__all__ = ["commit", "release_replaced", "written_event"]
 
 log = logging.getLogger("carryover.turn")
 
@@ -48,10 +49,10 @@ async def commit(
             cause = NoHandleCause.NONE_RETURNED
         svc.metrics.no_handle.labels(cause).inc()
         return
-    held = svc.ledger.hold(Origin.DECODED)
+    held = svc.hold(req, Origin.DECODED, handle)
     refused = _not_storable(req, prepared, output, decode)
     if refused is not None:
-        svc.release_later(req, held, handle, refused)
+        svc.ledger.settle(held, Event.NOT_STORABLE, refused)
         return
     ids = prepared.ids if prepared.ids is not None else output.prompt_ids
     assert ids is not None and req.key is not None
@@ -60,10 +61,10 @@ async def commit(
         tokens = int(handle.get("remote_num_tokens") or 0)
         block_size = block_size_of(handle, decode.block_size)
     except (ValueError, TypeError):
-        svc.release_later(req, held, handle, ReleaseCause.BAD_HANDLE)
+        svc.ledger.settle(held, Event.NOT_STORABLE, ReleaseCause.BAD_HANDLE)
         return
     if not 0 < tokens <= sequence_end:
-        svc.release_later(req, held, handle, ReleaseCause.BAD_HANDLE)
+        svc.ledger.settle(held, Event.NOT_STORABLE, ReleaseCause.BAD_HANDLE)
         return
     if not keeps_new_pins(
         decode.kv_usage,
@@ -71,7 +72,7 @@ async def commit(
         pinned_tokens=tokens,
         capacity=decode.kv_capacity,
     ):
-        svc.release_later(req, held, handle, ReleaseCause.DECODE_FULL)
+        svc.ledger.settle(held, Event.NOT_STORABLE, ReleaseCause.DECODE_FULL)
         return
     chunk = chunk_size_for(block_size)
     hashed = prepared.hashed
@@ -92,6 +93,7 @@ async def commit(
         expires_at=now + req.model.record_ttl,
         shadowed=output.shadowed,
     )
+    svc.ledger.move(held, Stage.WRITING)
     try:
         with svc.leg(req, "commit"):
             committed = await svc.store.commit(req.key, record, now=now, started_at=req.started_at)
@@ -99,25 +101,27 @@ async def commit(
         # The write may still land when the store answers again: releasing now would leave a
         # stored handle to freed blocks, which the next turn would send to P.
         svc.metrics.store_errors.labels("commit").inc()
-        svc.ledger.left_to_expire(held, LeftToExpire.COMMIT_OUTCOME_UNKNOWN)
+        svc.ledger.settle(held, Event.STORE_UNKNOWN)
         log.warning("store unavailable, record may not be kept; D frees it at its TTL: %s", exc)
         return
-    if committed.ended:  # DELETE came while this turn ran: the conversation is over
-        svc.release_later(req, held, handle, ReleaseCause.CONVERSATION_ENDED)
-    elif not committed.written:
-        svc.release_later(req, held, handle, ReleaseCause.SUPERSEDED)
-    else:
-        svc.ledger.stored(held)
-        if req.chat and output.content:
-            svc.warm_later(req, output.content)  # the next turn will send this answer back
+    svc.ledger.settle(held, written_event(committed))
+    if committed.written and req.chat and output.content:
+        svc.warm_later(req, output.content)  # the next turn will send this answer back
     release_replaced(svc, req, committed)
+
+
+def written_event(committed: Committed) -> Event:
+    """What a store write's answer was, for the handle it carried."""
+    if committed.ended:  # DELETE came while this turn ran: the conversation is over
+        return Event.ENDED
+    return Event.WRITTEN if committed.written else Event.SUPERSEDED
 
 
 def _not_storable(
     req: TurnRequest, prepared: Prepared, output: DecodeOutput, decode: Instance
 ) -> ReleaseCause | None:
     """Why D's handle cannot be stored for the next turn, if it cannot."""
-    if req.key is None or not req.model.reuse:
+    if not req.reuses:
         return ReleaseCause.NO_CONVERSATION
     if not prepared.storable:
         return ReleaseCause.IDS_DO_NOT_DETERMINE_KV
@@ -141,7 +145,7 @@ def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) 
     """A record overwritten before anyone claimed it: its handle was never sent, and nobody
     else will send it now. One the store withheld (not durable) is left to expire."""
     if committed.replaced is not None:
-        held = svc.ledger.hold(Origin.REPLACED)
-        svc.release_later(req, held, committed.replaced.handle, ReleaseCause.REPLACED)
+        held = svc.hold(req, Origin.REPLACED, committed.replaced.handle)
+        svc.ledger.settle(held, Event.GIVEN_BACK, ReleaseCause.REPLACED)
     elif committed.withheld:
-        svc.ledger.lost(Origin.REPLACED, LeftToExpire.NOT_DURABLE)
+        svc.ledger.lost(Origin.REPLACED, Event.NOT_DURABLE)

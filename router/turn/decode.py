@@ -12,7 +12,6 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from carryover.router.errors import (
     EngineFailed,
@@ -24,8 +23,9 @@ from carryover.router.errors import (
 )
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_decode
-from carryover.router.ledger import HeldHandle, Origin
-from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from carryover.router.handles.fates import Event
+from carryover.router.handles.ledger import HeldHandle, Origin, Stage
+from carryover.router.outcomes import RetryCause
 from carryover.router.relay import DecodeOutput, decode_answer
 from carryover.router.turn.api import engine_api
 from carryover.router.turn.commit import commit
@@ -106,12 +106,13 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
     last: UpstreamError | None = None
     # A decode-local turn does not need the claimed handle; D's pin is released once D has
     # answered (before that, the pinned blocks keep the history from being evicted).
-    unneeded: tuple[HeldHandle, dict[str, Any]] | None = None
+    unneeded: HeldHandle | None = None
     for attempt in range(2):
         local = _decode_local(svc, req, prepared, tried) if attempt == 0 else None
         if local is not None:
             if prepared.plan.handle is not None and prepared.claimed is not None:
-                unneeded = prepared.claimed, prepared.plan.handle
+                unneeded = prepared.claimed
+                svc.ledger.move(unneeded, Stage.DECODE_LOCAL)
             prepared.spend_handle(TurnPath.DECODE_LOCAL)
             p_instance, p_params, decode = None, None, local
         else:
@@ -133,7 +134,7 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
                 )
                 events = response.events(svc.config.timeouts.first_byte)
                 first = await anext(events)
-                _release_unneeded(svc, req, unneeded)
+                _release_unneeded(svc, unneeded)
                 return Started(decode, p_instance, lease, held, first=first, events=events)
             with svc.leg(req, "decode", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
@@ -143,11 +144,11 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
                     headers=req.engine_headers,
                     decode=decode_answer,
                 )
-            _release_unneeded(svc, req, unneeded)
+            _release_unneeded(svc, unneeded)
             return Started(decode, p_instance, lease, held, answer=answer)
         except (UpstreamError, StopAsyncIteration) as exc:
             await held.aclose()
-            _release_unneeded(svc, req, unneeded)
+            _release_unneeded(svc, unneeded)
             unneeded = None
             if is_client_fault(exc):
                 raise
@@ -162,18 +163,14 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
             log.warning("decode attempt %d failed: %s", attempt + 1, error.message)
         except BaseException:  # cancelled (the client left): the lease and connection go too
             await held.aclose()
-            if unneeded is not None:
-                svc.ledger.left_to_expire(unneeded[0], LeftToExpire.DECODE_LOCAL_CANCELLED)
             raise
     assert last is not None
     raise last
 
 
-def _release_unneeded(
-    svc: TurnServices, req: TurnRequest, unneeded: tuple[HeldHandle, dict[str, Any]] | None
-) -> None:
+def _release_unneeded(svc: TurnServices, unneeded: HeldHandle | None) -> None:
     if unneeded is not None:
-        svc.release_later(req, *unneeded, ReleaseCause.DECODE_LOCAL)
+        svc.ledger.settle(unneeded, Event.D_DONE)
 
 
 async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> bytes:
@@ -225,9 +222,14 @@ async def stream(
             started.lease.failed(exc)
             svc.metrics.stream_errors.labels(req.model_label, exc.error_type).inc()
             log.warning("decode stream failed mid-way: %s", exc.message)
-            _release_broken(svc, req, output)
+            _settle_unfinished(svc, req, output, Event.STREAM_BROKEN)
             yield sse_error(exc)
             return
+        except BaseException:
+            # The client left mid-stream, perhaps after the chunk carrying D's handle: that
+            # turn is not stored (its client never read it all), so the handle is given back.
+            _settle_unfinished(svc, req, output, Event.CLIENT_GONE)
+            raise
         finally:
             await frames.aclose()
         # D's handle is the router's from here: captured, stored or released even if the
@@ -245,10 +247,11 @@ async def _finish_stream(
     await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
 
 
-def _release_broken(svc: TurnServices, req: TurnRequest, output: DecodeOutput) -> None:
-    """A stream that broke after the chunk carrying D's handle: that turn is not stored (the
-    client got an error), so its blocks are given back."""
+def _settle_unfinished(
+    svc: TurnServices, req: TurnRequest, output: DecodeOutput, event: Event
+) -> None:
+    """A stream that ended before its commit, after the chunk carrying D's handle (it broke,
+    or the client left): that turn is not stored, so its blocks are given back."""
     handle = output.handle
     if isinstance(handle, dict) and handle.get("do_remote_decode"):
-        held = svc.ledger.hold(Origin.DECODED)
-        svc.release_later(req, held, handle, ReleaseCause.STREAM_BROKEN)
+        svc.ledger.settle(svc.hold(req, Origin.DECODED, handle), event)

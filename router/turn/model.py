@@ -14,8 +14,8 @@ import msgspec
 from carryover.router.config import ModelConfig
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.pool import Lease
+from carryover.router.handles.ledger import HeldHandle
 from carryover.router.kv.index import Cached, Prompt
-from carryover.router.ledger import HeldHandle
 from carryover.router.metrics import turn_label
 from carryover.router.tracing import NO_TRACE, TurnTrace
 from carryover.router.turn.prefill_answer import RanIds
@@ -90,6 +90,14 @@ class TurnRequest:
     trace: TurnTrace = NO_TRACE
 
     @property
+    def reuses(self) -> bool:
+        """The turn may claim and store its conversation's record: it has a conversation,
+        its model keeps records, and the model's served name is known. Until the engines
+        have said their served name, the client's name could be any adapter's, and a record
+        under it could hold another model's KV: such turns run without reuse."""
+        return self.key is not None and self.model.reuse and self.model_name_known
+
+    @property
     def model_label(self) -> str:
         """The model as metrics name it: the served name once known, never a client's guess
         (a label per name a client sends would grow without bound)."""
@@ -151,7 +159,6 @@ class Prepared:
     # False when the prompt's ids do not determine its KV (images, audio, embeddings): what D
     # holds at the end is then never stored for a later turn.
     storable: bool = True
-    sent: bool = False  # the claimed handle (or its release) went to P
     kv_prompt: Prompt | None = None  # the ids' chain keys for the KV index, made on first use
     cache_salt: str | None = None  # the turn's salt: the index's chains start from it
     kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
@@ -159,7 +166,7 @@ class Prepared:
     tokens: TokensPrompt | None = None  # tokens-only models only
     planned_reuse: int = 0  # prompt tokens the plan's handle covers, if it is used
     claimed: HeldHandle | None = (
-        None  # the claimed record's handle in the ledger (router/ledger.py)
+        None  # the claimed record's handle in the ledger (router/handles/ledger.py)
     )
     prefill_ids: RanIds | None = None  # the prompt ids P said it ran, when it says
     placed: dict[str, LegChoice] = field(default_factory=dict)  # by leg: its last choice
@@ -188,14 +195,8 @@ class Prepared:
         self.plan = Plan(Path.COLD, Reason.NO_RECORD)
         self.path = path
 
-    def send_handle(self) -> None:
-        """The handle goes to P now: never again, whatever happens next."""
-        self.sent = True
-        self.spend_handle(self.path)
-
     def unsend(self, plan: Plan, path: TurnPath) -> None:
         """The request that carried the handle never left (no connection): it is still ours."""
-        self.sent = False
         self.plan = plan
         self.path = path
 

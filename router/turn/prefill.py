@@ -8,11 +8,12 @@ from typing import Any
 from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_prefill
-from carryover.router.ledger import HeldHandle
-from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from carryover.router.handles.fates import Event
+from carryover.router.handles.ledger import HeldHandle, Stage
+from carryover.router.outcomes import RetryCause
 from carryover.router.turn import prefill_answer
 from carryover.router.turn.api import engine_api
-from carryover.router.turn.commit import release_replaced
+from carryover.router.turn.commit import release_replaced, written_event
 from carryover.router.turn.costs import pull_pays
 from carryover.router.turn.model import Prepared, TurnPath, TurnRequest
 from carryover.router.turn.placement import (
@@ -58,7 +59,9 @@ async def run_prefill(
             kv = plan_.handle if plan_.handle is not None else {"do_remote_decode": True}
             path, body = engine_api(req.model).prefill(req, prepared, kv)
             if claimed is not None:
-                prepared.send_handle()  # from here a client that leaves must not release it
+                # From here a client that leaves must not release it.
+                svc.ledger.move(claimed, Stage.SENT)
+                prepared.spend_handle(prepared.path)
             else:
                 note_warm(svc, prepared, instance)
             with svc.pool.lease(instance, req.tenant) as lease:
@@ -76,35 +79,36 @@ async def run_prefill(
                     svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
                     tried.add(instance)
                     if claimed is not None:
+                        svc.ledger.move(claimed, Stage.CLAIMED)
                         prepared.unsend(planned, path_before)
                     continue
                 except UpstreamError as exc:
                     if is_client_fault(exc):
                         if claimed is not None:
-                            # P refused the request before running it: the handle was never
-                            # read, and the claimed record is gone.
-                            svc.release_later(req, claimed, kv, ReleaseCause.PREFILL_REFUSED)
+                            # P's own refusal proves it never read the handle; a 408 or 429
+                            # may come from a proxy in front of a P that did.
+                            svc.ledger.settle(claimed, _refusal(exc))
                         raise
                     if claimed is not None and _rejected(exc):
                         # A stale or expired handle: vLLM answers a fast 500. Not the
                         # instance's fault (no verdict); retry cold, never with the handle.
                         svc.metrics.retries.labels(RetryCause.PREFILL_HANDLE_REJECTED).inc()
-                        svc.ledger.left_to_expire(claimed, LeftToExpire.PREFILL_REJECTED)
+                        svc.ledger.settle(claimed, Event.P_REJECTED)
                         prepared.path = TurnPath.COLD_ERROR
                         continue
                     lease.failed(exc)
                     svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
                     if claimed is not None:
                         # P may have read the blocks: never released under it.
-                        svc.ledger.left_to_expire(claimed, LeftToExpire.SENT_THEN_FAILED)
+                        svc.ledger.settle(claimed, Event.P_FAILED)
                         prepared.path = TurnPath.COLD_ERROR
                     tried.add(instance)
                     continue
                 if claimed is not None:
                     if plan_.path is Path.RELEASE:  # it went with remote_num_tokens 0
-                        svc.ledger.released(claimed, str(plan_.reason))
+                        svc.ledger.settle(claimed, Event.P_FREED, str(plan_.reason))
                     else:
-                        svc.ledger.sent(claimed)
+                        svc.ledger.settle(claimed, Event.P_READ)
                 params = answer.kv_transfer_params
                 if not isinstance(params, dict) or not params.get("do_remote_prefill"):
                     lease.failed(
@@ -150,6 +154,16 @@ def _rejected(exc: UpstreamError) -> bool:
     return isinstance(exc, EngineFailed) and exc.upstream_status == 500
 
 
+#: P's answers that do not prove the request never ran: a proxy's timeout or rate limit in
+#: front of a P that may have started reading the handle.
+_UNPROVEN = frozenset({408, 429})
+
+
+def _refusal(exc: UpstreamError) -> Event:
+    status = exc.upstream_status if isinstance(exc, EngineFailed) else None
+    return Event.P_UNPROVEN if status in _UNPROVEN else Event.P_REFUSED
+
+
 async def _no_prefill(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> tuple[None, None]:
     """No P could serve: D runs alone, or the turn is refused at once (config)."""
     claimed = prepared.claimed if prepared.plan.attaches_handle else None
@@ -157,12 +171,14 @@ async def _no_prefill(svc: TurnServices, req: TurnRequest, prepared: Prepared) -
         prepared.spend_handle()
     if req.model.when_prefill_down == "fail":
         if claimed is not None and prepared.record is not None and req.key is not None:
-            # Never sent: put it back, so the client's retry still reuses D's blocks.
+            # Never sent: put it back, so the client's retry still reuses D's blocks. The
+            # write owns the handle from here: a client leaving meanwhile changes nothing.
+            svc.ledger.move(claimed, Stage.WRITING)
             await svc.to_the_end(_put_back(svc, req, prepared.record, claimed))
         raise EngineUnavailable(f"no healthy prefill instance for {req.model_name}")
     if claimed is not None:
         # D serves alone; a release goes through a P, and there is none.
-        svc.ledger.left_to_expire(claimed, LeftToExpire.NO_PREFILL)
+        svc.ledger.settle(claimed, Event.NO_PREFILL)
     return None, None
 
 
@@ -176,10 +192,7 @@ async def _put_back(
         )
     except StoreUnavailable:
         svc.metrics.store_errors.labels("commit").inc()
-        svc.ledger.left_to_expire(claimed, LeftToExpire.COMMIT_OUTCOME_UNKNOWN)
+        svc.ledger.settle(claimed, Event.STORE_UNKNOWN)
         return
-    if not put_back.written:  # a later turn is stored: this one is dead
-        svc.release_later(req, claimed, record.handle, ReleaseCause.SUPERSEDED)
-    else:
-        svc.ledger.stored(claimed)
+    svc.ledger.settle(claimed, written_event(put_back))
     release_replaced(svc, req, put_back)

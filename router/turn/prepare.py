@@ -9,8 +9,9 @@ from typing import Any
 from carryover.router.errors import BadRequest, EngineUnavailable
 from carryover.router.fields import NON_TEXT_CONTENT, reuse_blockers
 from carryover.router.fleet.instance import Instance
-from carryover.router.ledger import Origin
-from carryover.router.outcomes import LeftToExpire, ReleaseCause, RetryCause
+from carryover.router.handles.fates import Event
+from carryover.router.handles.ledger import Origin
+from carryover.router.outcomes import RetryCause
 from carryover.router.render.errors import RenderFailed
 from carryover.router.tokens.legs import mend_rendered
 from carryover.router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, path_of
@@ -56,7 +57,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         ids = await _render(svc, req)
     record: Record | None = None
     store_failed = False
-    use_state = req.key is not None and req.model.reuse and ids is not None
+    use_state = req.reuses and ids is not None
     if use_state:
         record, store_failed = await _claim(svc, req)
         if record is not None:
@@ -70,17 +71,17 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
     decided = _plan(svc, req, record, hashed)
     if req.key is None:
         path = TurnPath.NO_CONVERSATION
-    elif ids is None or store_failed:
+    elif ids is None or store_failed or not req.model_name_known:
         path = TurnPath.COLD_ERROR
     else:
         path = path_of(decided)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
-    claimed = svc.ledger.hold(Origin.CLAIMED) if record is not None else None
+    claimed = svc.hold(req, Origin.CLAIMED, record.handle) if record is not None else None
     if claimed is not None and decided.handle is None:
         # Nothing of it goes to P: its blocks are gone, or about to be, or unreadable.
         dropped = _DROPPED.get(decided.reason) if decided.reason else None
-        svc.ledger.left_to_expire(claimed, dropped or LeftToExpire.UNREADABLE)
+        svc.ledger.settle(claimed, dropped or Event.UNREADABLE)
     return Prepared(
         ids,
         hashed,
@@ -103,8 +104,8 @@ def _admit_new(svc: TurnServices, req: TurnRequest) -> None:
 
 #: Why a claimed record's handle goes nowhere, by the plan's reason for not attaching it.
 _DROPPED = {
-    Reason.EXPIRED: LeftToExpire.RECORD_EXPIRED,
-    Reason.STALE_ENGINE: LeftToExpire.DECODE_RESTARTED,
+    Reason.EXPIRED: Event.RECORD_EXPIRED,
+    Reason.STALE_ENGINE: Event.DECODE_RESTARTED,
 }
 
 
@@ -127,13 +128,13 @@ async def _claim_or_lost(svc: TurnServices, key: ConversationKey) -> tuple[Recor
         return await svc.store.claim(key), False
     except NotDurable as exc:
         svc.metrics.store_errors.labels("claim").inc()
-        svc.ledger.lost(Origin.CLAIMED, LeftToExpire.NOT_DURABLE)
+        svc.ledger.lost(Origin.CLAIMED, Event.NOT_DURABLE)
         log.warning("claim not durable, turn served cold: %s", exc)
         return None, True
     except StoreUnavailable as exc:
         svc.metrics.store_errors.labels("claim").inc()
         # The claim may still have taken the record: its handle is lost to everyone.
-        svc.ledger.lost(Origin.CLAIMED, LeftToExpire.CLAIM_OUTCOME_UNKNOWN)
+        svc.ledger.lost(Origin.CLAIMED, Event.STORE_UNKNOWN)
         log.warning("store unavailable, turn served cold: %s", exc)
         return None, True
 
@@ -146,8 +147,7 @@ def _give_up(
         return
     record, _ = done.result()
     if record is not None:
-        held = svc.ledger.hold(Origin.CLAIMED)
-        svc.release_later(req, held, record.handle, ReleaseCause.CLIENT_GONE)
+        svc.ledger.settle(svc.hold(req, Origin.CLAIMED, record.handle), Event.CLIENT_GONE)
 
 
 async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list[str]) -> Prepared:
@@ -156,11 +156,10 @@ async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list
     for name in blockers:
         svc.metrics.unchecked.labels(name).inc()
     record: Record | None = None
-    if req.key is not None and req.model.reuse:
+    if req.reuses:
         record, failed = await _claim(svc, req)
         if record is not None:
-            held = svc.ledger.hold(Origin.CLAIMED)
-            svc.release_later(req, held, record.handle, ReleaseCause.REUSE_DISABLED)
+            svc.ledger.settle(svc.hold(req, Origin.CLAIMED, record.handle), Event.UNCHECKED)
         elif not failed:
             _admit_new(svc, req)
     if req.turn is None:

@@ -18,10 +18,11 @@ from typing import Any
 from carryover.router.config import ModelConfig, RouterConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.fleet.pool import InstancePool
+from carryover.router.handles.fates import Event
+from carryover.router.handles.ledger import HandleLedger, Origin
 from carryover.router.kv.service import KvEvents
-from carryover.router.ledger import HandleLedger, Origin
 from carryover.router.metrics import RouterMetrics
-from carryover.router.outcomes import LeftToExpire, ReleaseCause
+from carryover.router.outcomes import ReleaseCause
 from carryover.router.render.backends import Renderer
 from carryover.router.tenants.limits import TenantGate
 from carryover.router.tokens.check import TokensCheck
@@ -80,17 +81,13 @@ class TurnRunner:
             else:
                 body = await complete(svc, req, prepared)  # the path is final once D answered
                 outcome = TurnOutcome.of(prepared, body=body)
-        except asyncio.CancelledError:
-            # The client left. A claimed handle not yet sent to P is nobody's now; one that
-            # was sent may be under P's read, and is left to P and D's TTL.
+        except BaseException as exc:
+            # The client left, or the turn failed: a claimed handle the stages did not settle
+            # meets the fate its stage has for that (router/handles/fates.py).
             claimed = prepared.claimed
-            if claimed is not None and not claimed.settled and prepared.record is not None:
-                if prepared.sent:
-                    svc.ledger.left_to_expire(claimed, LeftToExpire.SENT_THEN_CANCELLED)
-                else:
-                    svc.release_later(
-                        req, claimed, prepared.record.handle, ReleaseCause.CLIENT_GONE
-                    )
+            if claimed is not None and not claimed.settled:
+                gone = isinstance(exc, asyncio.CancelledError | GeneratorExit)
+                svc.ledger.settle(claimed, Event.CLIENT_GONE if gone else Event.TURN_FAILED)
             raise
         _count(svc, req, outcome)
         return outcome
@@ -111,8 +108,11 @@ class TurnRunner:
         cause: ReleaseCause,
     ) -> bool:
         """Free D's blocks of a handle taken outside a turn (DELETE, pressure relief) now."""
-        self._svc.ledger.released(self._svc.ledger.hold(origin), cause)
-        return await self._svc.release(model, model_name, handle)
+        ledger = self._svc.ledger
+        released = ledger.settle(
+            ledger.hold(origin, handle, (model, model_name)), Event.GIVEN_BACK, cause
+        )
+        return await released if released is not None else False
 
     async def drain_background(self) -> None:
         if self._svc.background:

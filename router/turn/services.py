@@ -19,10 +19,9 @@ from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import UpstreamError
 from carryover.router.fleet.policy import Affinity, pick_prefill
 from carryover.router.fleet.pool import InstancePool
+from carryover.router.handles.ledger import HandleLedger, HeldHandle, Origin
 from carryover.router.kv.service import KvEvents
-from carryover.router.ledger import HandleLedger, HeldHandle
 from carryover.router.metrics import Histogram, RouterMetrics
-from carryover.router.outcomes import ReleaseCause
 from carryover.router.render.backends import Renderer
 from carryover.router.tenants.limits import TenantGate
 from carryover.router.tokens.check import TokensCheck
@@ -98,7 +97,7 @@ class TurnServices:
     _render_servers: dict[int, RenderServerClient] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.ledger = HandleLedger(self.metrics)
+        self.ledger = HandleLedger(self.metrics, self._release_held, self.in_background)
 
     @functools.cached_property
     def affinity(self) -> Affinity:
@@ -134,13 +133,15 @@ class TurnServices:
 
         self.in_background(warm())
 
-    def release_later(
-        self, req: TurnRequest, held: HeldHandle, handle: dict[str, Any], cause: ReleaseCause | str
-    ) -> None:
-        """Free D's pinned blocks now, without holding up the turn (docs/handles.md says
-        which handles may be released)."""
-        self.ledger.released(held, cause)
-        self.in_background(self.release(req.model, req.model_name, handle))
+    def hold(self, req: TurnRequest, origin: Origin, kv: dict[str, Any] | None) -> HeldHandle:
+        """A handle this turn now holds, in the ledger: released (if that is its fate)
+        through the turn's model."""
+        return self.ledger.hold(origin, kv, (req.model, req.model_name))
+
+    async def _release_held(self, held: HeldHandle) -> bool:
+        assert held.kv is not None
+        model, model_name = held.target
+        return await self.release(model, model_name, held.kv)
 
     def in_background(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``work`` to its end whatever happens to the request (a client that leaves

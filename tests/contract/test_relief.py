@@ -13,7 +13,7 @@ from carryover.bench.redis_server import RedisServer
 from carryover.router.config import InstanceConfig, ModelConfig
 from carryover.router.fleet.instance import Breaker, Instance
 from carryover.router.fleet.pressure import Release, relieve, share_to_release
-from carryover.router.ledger import HandleLedger
+from carryover.router.handles.ledger import HandleLedger
 from carryover.router.metrics import RouterMetrics
 from carryover.state import ConversationKey, MemoryStore, Record, RedisStore
 from tests.support.records import make_record

@@ -78,7 +78,7 @@ class Harness:
 
     async def unsettled(self) -> int:
         """Handles the live routers hold without a final state once they are idle
-        (router/ledger.py): what they took less what ended, waited for while releases finish.
+        (router/handles/ledger.py): what they took less what ended, waited for while releases finish.
         A router killed by the fault took its books with it."""
         total = 0
         for index, router in enumerate(self.routers):

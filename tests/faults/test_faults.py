@@ -3,7 +3,7 @@
 Every case checks: each request either succeeded or got a clean OpenAI-style error (no hang,
 no stream cut without an error event); no answer differs from the no-reuse reference; no
 handle was read from D twice; every handle the live routers held reached one final state
-(router/ledger.py); reuse comes back once the fault clears. The table of all cases
+(router/handles/ledger.py); reuse comes back once the fault clears. The table of all cases
 is written to ``results/faults/`` (``bench/faults_report.py``).
 """
 
@@ -79,7 +79,7 @@ async def run_case(
     assert outcome.unclean <= unclean_allowed, outcome.errors
     assert outcome.wrong == 0, outcome.errors
     assert double == 0
-    assert unsettled == 0, "handles without a final state (router/ledger.py)"
+    assert unsettled == 0, "handles without a final state (router/handles/ledger.py)"
     assert recovery is not None, "reuse did not come back after the fault cleared"
     return outcome
 

@@ -44,7 +44,7 @@ async def ascrape(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
 
 def ledger_open(values: dict[str, float]) -> float:
     """Handles a router holds whose fate is not settled: what it took (held) less what
-    ended (fates); nonzero on an idle router is a leak (router/ledger.py)."""
+    ended (fates); nonzero on an idle router is a leak (router/handles/ledger.py)."""
     held = values.get("carryover_handles_held_total:sum", 0.0)
     ended = values.get("carryover_handle_fates_total:sum", 0.0)
     return held - ended

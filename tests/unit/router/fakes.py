@@ -328,7 +328,7 @@ class _SSE(httpx.AsyncByteStream):
 
 def assert_ledger_balanced(app: Any) -> None:
     """After the app shut down (its background releases done): every handle it held has
-    exactly one final state (router/ledger.py)."""
+    exactly one final state (router/handles/ledger.py)."""
     services = app.state.services
     assert services.runner.ledger.open == 0
     assert services.metrics.ledger_errors._value.get() == 0

@@ -1,4 +1,4 @@
-"""Every handle the router holds reaches exactly one final state (router/ledger.py): the
+"""Every handle the router holds reaches exactly one final state (router/handles/ledger.py): the
 leaks an outside review found, each with the turn that used to leave a handle in nobody's
 hands. In process: fake engines on the transport seam, a store the test can hold still."""
 
