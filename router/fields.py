@@ -15,7 +15,10 @@ The classes (``docs/request-fields.md`` has the table with each field's reason):
   stored handle released; what D ran is stored only when its ids determine its KV.
 - ``REFUSED``: a 400; it would reach internal state or cannot work behind a P/D router.
 
-Fields vLLM does not know pass through (vLLM ignores them).
+A field this table does not know, and a content part whose type or keys it does not know,
+make the turn unchecked too (``UNKNOWN_FIELD``, ``NON_TEXT_CONTENT``): a later vLLM may give
+it a meaning that changes the ids or what they mean (a new kind of embeddings), and the
+router cannot tell. Unknown costs reuse, never the KV's correctness.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ __all__ = [
     "CHAT_FIELDS",
     "COMPLETION_FIELDS",
     "NON_TEXT_CONTENT",
+    "UNKNOWN_FIELD",
     "FieldClass",
     "reuse_blockers",
 ]
@@ -47,6 +51,8 @@ X = FieldClass.REFUSED
 
 #: The condition name used when a message carries a non-text content part.
 NON_TEXT_CONTENT = "non_text_content"
+#: The condition name used when the request carries a field the table does not know.
+UNKNOWN_FIELD = "unknown_field"
 
 _SAMPLING_AND_OUTPUT: dict[str, FieldClass] = {
     "model": P,
@@ -153,16 +159,15 @@ _CHAT_DEFAULTS = {**_DEFAULTS, "add_special_tokens": False}
 _COMPLETION_DEFAULTS = {**_DEFAULTS, "add_special_tokens": True}
 
 
-def _set_fields(body: dict[str, Any], chat: bool) -> Iterator[tuple[str, FieldClass]]:
-    """The body's known fields whose value is not the endpoint's default, with their class
-    (a walk over the few keys a request has, not over the table)."""
+def _set_fields(body: dict[str, Any], chat: bool) -> Iterator[tuple[str, FieldClass | None]]:
+    """The body's fields whose value is not the endpoint's default, with their class (``None``:
+    a field the table does not know); a walk over the few keys a request has."""
     table = CHAT_FIELDS if chat else COMPLETION_FIELDS
     defaults = _CHAT_DEFAULTS if chat else _COMPLETION_DEFAULTS
     for name, value in body.items():
-        kind = table.get(name)
-        if kind is None or value is None or (name in defaults and value == defaults[name]):
+        if value is None or (name in defaults and value == defaults[name]):
             continue
-        yield name, kind
+        yield name, table.get(name)
 
 
 def refused_field(body: dict[str, Any], *, chat: bool) -> str | None:
@@ -173,39 +178,63 @@ def refused_field(body: dict[str, Any], *, chat: bool) -> str | None:
 def reuse_blockers(body: dict[str, Any], *, chat: bool, renders: frozenset[str]) -> list[str]:
     """Fields (and conditions) of this request that keep the router from checking its ids:
     ``DISABLES_REUSE`` fields that are set, ``RENDERED`` fields the renderer cannot apply,
-    and non-text content parts. Empty when the turn can be checked."""
-    found = [
-        name
-        for name, kind in _set_fields(body, chat)
-        if kind is FieldClass.DISABLES_REUSE
-        or (kind is FieldClass.RENDERED and name not in renders)
-    ]
+    fields the table does not know (one ``UNKNOWN_FIELD``: a client's names never become
+    metric labels), and content parts that are not surely text. Empty when the turn can be
+    checked."""
+    found: list[str] = []
+    unknown = False
+    for name, kind in _set_fields(body, chat):
+        if kind is None:
+            unknown = True
+        elif kind is FieldClass.DISABLES_REUSE or (
+            kind is FieldClass.RENDERED and name not in renders
+        ):
+            found.append(name)
+    if unknown:
+        found.append(UNKNOWN_FIELD)
     if chat and _has_non_text_content(body.get("messages")):
         found.append(NON_TEXT_CONTENT)
     return found
 
 
-# As vLLM 0.33 tells text from media (renderers/chat_utils/chat_message.py,
-# has_non_text_content): a part is media when its type is not a text type, or when it
-# carries a media key whatever its type.
-_TEXT_PART_TYPES = frozenset(
-    {"text", "input_text", "output_text", "refusal", "thinking", "tool_reference"}
-)
-_MEDIA_KEYS = frozenset(
+# A content part is text only when its type is one vLLM parses as text and every key it
+# carries is one of those types' own (vLLM 0.33 renderers/chat_utils.py, MM_PARSER_MAP and
+# TEXT_PART_TYPES): any other type or key, including those a later vLLM adds, is treated as
+# media. A part without a type is text only with a ``text`` key alone (vLLM infers the
+# type of an untyped part from its keys, ``_parse_chat_message_content_mm_part``).
+_TEXT_PART_KEYS: dict[str, frozenset[str]] = {
+    "text": frozenset({"type", "text"}),
+    "input_text": frozenset({"type", "text"}),
+    "output_text": frozenset({"type", "text"}),
+    "refusal": frozenset({"type", "refusal"}),
+    "thinking": frozenset({"type", "thinking", "closed"}),
+    "tool_reference": frozenset({"type", "name"}),
+}
+_UNTYPED_TEXT = frozenset({"text"})
+#: Message keys whose values never carry media (anything else makes the message media).
+_MESSAGE_KEYS = frozenset(
     {
-        "image_url",
-        "image_embeds",
-        "image_pil",
-        "image",
-        "input_audio",
-        "audio_url",
-        "audio_embeds",
-        "audio",
-        "video_url",
-        "video",
-        "file",
+        "role",
+        "content",
+        "name",
+        "tool_calls",
+        "tool_call_id",
+        "reasoning",
+        "reasoning_content",
+        "function_call",
+        "refusal",
     }
 )
+
+
+def _is_text_part(part: Any) -> bool:
+    if not isinstance(part, dict):
+        return False
+    kind = part.get("type")
+    if kind is None:
+        return part.keys() == _UNTYPED_TEXT
+    allowed = _TEXT_PART_KEYS.get(kind) if isinstance(kind, str) else None
+    return allowed is not None and part.keys() <= allowed
 
 
 def _has_non_text_content(messages: Any) -> bool:
@@ -214,21 +243,13 @@ def _has_non_text_content(messages: Any) -> bool:
     for message in messages:
         if not isinstance(message, dict):
             continue
+        if not message.keys() <= _MESSAGE_KEYS:
+            return True
         for field in ("reasoning", "reasoning_content"):
             value = message.get(field)
-            if isinstance(value, dict) and value.get("type") == "prompt_embeds":
-                return True
+            if value is not None and not isinstance(value, str):
+                return True  # prompt embeddings in place of reasoning text, or what is unknown
         content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            if not isinstance(part, dict):
-                continue
-            kind = part.get("type", "text")
-            if (
-                not isinstance(kind, str)
-                or kind not in _TEXT_PART_TYPES
-                or part.keys() & _MEDIA_KEYS
-            ):
-                return True
+        if isinstance(content, list) and not all(_is_text_part(part) for part in content):
+            return True
     return False

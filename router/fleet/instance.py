@@ -16,11 +16,11 @@ class Breaker:
     """Opens after ``threshold`` consecutive failures that only the engine can have caused;
     after ``reset`` seconds lets one trial request through (half-open); a success closes it.
 
-    A failure is the engine's when it is engine-wide (no connection, a timeout, a broken
-    stream: ``blame`` ``None``), or when error answers came for requests of at least
-    ``tenants_to_blame`` tenants in the run. An error answer only one tenant's requests get
-    may be caused by what that tenant sends: it fails those requests, never the instance
-    for everyone (docs/security.md)."""
+    A failure is the engine's when it is engine-wide (no connection, a broken stream:
+    ``blame`` ``None``), or when error answers or timeouts came for requests of at least
+    ``tenants_to_blame`` tenants in the run. An error answer or a timeout only one tenant's
+    requests get may be caused by what that tenant sends (a prompt too long for the
+    deadline): it fails those requests, never the instance for everyone (docs/security.md)."""
 
     threshold: int
     reset: float

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from carryover.router.config import InstanceConfig, ModelConfig, RouterConfig
 from carryover.router.engines.gauges import KV_CAPACITY_TOKENS, parse_gauges
 from carryover.router.engines.upstream import Upstream
-from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError
+from carryover.router.errors import EngineFailed, EngineTimeout, EngineUnavailable, UpstreamError
 from carryover.router.fleet.discovery import DnsSet, Resolver, members_of, resolve
 from carryover.router.fleet.instance import Breaker, Instance, streams_handles
 from carryover.router.metrics import RouterMetrics
@@ -218,8 +218,13 @@ class InstancePool:
         instance.breaker.success()
 
     def failed(self, instance: Instance, error: UpstreamError, tenant: str) -> None:
+        # An error answer, or a request the engine took and did not finish in time, may be
+        # caused by what the tenant sent (a prompt too long for the deadline): it counts
+        # against the engine only once several tenants' requests fail (the breaker's rule).
+        # No connection is the engine's alone.
         answered = isinstance(error, EngineFailed) and error.upstream_status is not None
-        instance.breaker.failure(time.monotonic(), tenant if answered else None)
+        took_it = answered or isinstance(error, EngineTimeout)
+        instance.breaker.failure(time.monotonic(), tenant if took_it else None)
         log.warning("instance %s failed: %s", instance.name, error.message)
 
     # -- background probing ------------------------------------------------------------------

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from carryover.router.errors import BadRequest, EngineUnavailable
-from carryover.router.fields import NON_TEXT_CONTENT, reuse_blockers
+from carryover.router.fields import NON_TEXT_CONTENT, UNKNOWN_FIELD, reuse_blockers
 from carryover.router.fleet.instance import Instance
 from carryover.router.handles.fates import Event
 from carryover.router.handles.ledger import Origin
@@ -35,7 +35,9 @@ log = logging.getLogger("carryover.turn")
 
 _PROMPT_FIELD = frozenset({"prompt"})
 # Prompts whose ids do not determine their KV.
-_IDS_DO_NOT_DETERMINE_KV = frozenset({NON_TEXT_CONTENT, "mm_payload", "prompt_embeds"})
+_IDS_DO_NOT_DETERMINE_KV = frozenset(
+    {NON_TEXT_CONTENT, UNKNOWN_FIELD, "mm_payload", "prompt_embeds"}
+)
 
 
 async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
