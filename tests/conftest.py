@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from hypothesis import HealthCheck, settings
 
 from carryover.bench.redis_server import RedisServer
 from carryover.bench.redis_topologies import RedisCluster, RedisSentinels
+from tests.explore.budget import EXPLORE_SEED, EXPLORED_SCHEDULES, EXPLORED_SWEEPS
 from tests.support.reaper import start_watchdog
 from tests.support.secrets import REDIS_PASSWORD
 
@@ -21,11 +23,21 @@ settings.load_profile("carryover")
 def pytest_configure(config: pytest.Config) -> None:
     # Whatever the run starts dies with it, also when it is killed (tests/support/reaper.py).
     start_watchdog(config)
+    # The fault-schedule exploration's seed: drawn once by the process that starts the run,
+    # so its workers share it and the header prints it (tests/explore/).
+    os.environ.setdefault(EXPLORE_SEED, str(random.SystemRandom().randrange(2**32)))
     # A worker of a parallel run (pytest-xdist) draws free ports from a share of its own.
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is not None:
         count = os.environ["PYTEST_XDIST_WORKER_COUNT"]
         os.environ["CARRYOVER_PORT_SHARE"] = f"{worker.removeprefix('gw')}/{count}"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return (
+        f"fault-schedule exploration: seed {os.environ[EXPLORE_SEED]}, {EXPLORED_SCHEDULES} "
+        f"random schedules and {EXPLORED_SWEEPS} sweeps (replay: {EXPLORE_SEED}=SEED)"
+    )
 
 
 @pytest.fixture(scope="session")
