@@ -167,3 +167,21 @@ def decide(stage: Stage, event: Event, detail: str | None = None) -> tuple[Decis
     if decision.cause is None:
         return Decision(decision.fate, detail or str(event), decision.carried), True
     return decision, True
+
+
+def table() -> str:
+    """The fate table as docs/handles.md shows it (a test keeps the two equal)."""
+    lines = ["| how far the handle got | what happened | fate | cause |", "|---|---|---|---|"]
+    for (stage, event), decision in FATES.items():
+        fate = "not yet: the write decides" if decision.fate is None else str(decision.fate)
+        cause = (
+            "the caller's"
+            if decision.cause is None
+            else f"`{decision.cause}`"
+            if decision.cause
+            else ""
+        )
+        if decision.carried:
+            cause += " (carried by the turn's own P request)"
+        lines.append(f"| `{stage}` | `{event}` | {fate} | {cause} |")
+    return "\n".join(lines)

@@ -10,7 +10,7 @@ import pytest
 
 from carryover.router.config.load import load_config
 from carryover.router.engines.upstream import Upstream
-from carryover.router.errors import EngineFailed
+from carryover.router.errors import EngineFailed, EngineTimeout
 from carryover.router.fleet.instance import Breaker, Instance
 from carryover.router.fleet.pool import InstancePool
 from carryover.router.metrics import RouterMetrics
@@ -69,6 +69,27 @@ def test_a_pool_blames_error_answers_on_tenants_and_transport_failures_on_the_en
     for _ in range(3):
         pool.failed(decode, EngineFailed("broke off"), "alpha")  # no status: engine-wide
     assert decode.breaker.state == "open"
+
+
+def test_one_tenants_timed_out_legs_never_open_the_circuit_for_the_others(
+    tmp_path: Path,
+) -> None:
+    """A P leg that runs past its deadline was taken by the engine: what the tenant sent
+    (a prompt too long for ``timeouts.prefill``) may be why, so it counts as that tenant's,
+    as an error answer does; a second tenant's timeouts make it the engine's."""
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"sk-a-0123456789": "alpha", "sk-b-0123456789": "beta"}')
+    config = load_config(
+        ["--prefill", "http://p:1", "--decode", "http://d:1"],
+        environ={"CARRYOVER_API_KEYS_FILE": str(keys)},
+    )
+    pool = InstancePool(config, cast(Upstream, None), MemoryStore(), RouterMetrics())
+    prefill = next(i for i in pool.instances if i.role == "prefill")
+    for _ in range(5):
+        pool.failed(prefill, EngineTimeout("did not answer within 60 s"), "alpha")
+    assert prefill.breaker.state == "closed"
+    pool.failed(prefill, EngineTimeout("did not answer within 60 s"), "beta")
+    assert prefill.breaker.state == "open"
 
 
 class _Verdictless(Exception):
