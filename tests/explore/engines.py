@@ -14,7 +14,6 @@ Nothing here renders or encodes with router code: text becomes ids one character
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import zlib
@@ -45,6 +44,19 @@ def render(messages: list[dict[str, Any]]) -> list[int]:
 def answer_of(kv: list[int]) -> str:
     """What D generates from the KV of a prompt: right KV, right answer."""
     return f"ans{zlib.crc32(bytes(str(kv), 'ascii')):08x}"
+
+
+class _LoopStep:
+    """One pass of the event loop: the task gives way once, as a read from a socket that
+    has no data yet would. Nothing is waited for; other tasks (a client leaving, a second
+    request) get their turn, so a schedule can place a fault between any two steps."""
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        yield  # a bare yield: asyncio's Task runs the others and resumes this one next pass
+
+
+def loop_step() -> _LoopStep:
+    return _LoopStep()
 
 
 class Fault:
@@ -91,9 +103,9 @@ class Engines(httpx.AsyncBaseTransport):
         if request.method == "GET":
             return self._get(path)
         body = json.loads(await request.aread())
-        await asyncio.sleep(0)  # on its way: a client may leave before the engine has it
+        await loop_step()  # on its way: a client may leave before the engine has it
         response = self._serve(request, role, path, body)
-        await asyncio.sleep(0)  # the engine has run it: a client may leave before the answer
+        await loop_step()  # the engine has run it: a client may leave before the answer
         if role == "decode" and not body.get("stream") and response.status_code == 200:
             self.delivered += 1  # the whole answer, with its handle, reaches the router now
         return response
@@ -266,15 +278,15 @@ class _Stream(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         # A loop step before each chunk, as the network takes: a client may leave between.
-        await asyncio.sleep(0)
+        await loop_step()
         yield f"data: {json.dumps(self._first)}\n\n".encode()
-        await asyncio.sleep(0)
+        await loop_step()
         if self._fault == Fault.BREAK_EARLY:
             raise httpx.ReadError("connection reset by peer")
         # The router parses what it is given before it next waits: it sees this handle.
         self._engines.delivered += 1
         yield f"data: {json.dumps(self._last)}\n\n".encode()
-        await asyncio.sleep(0)
+        await loop_step()
         if self._fault == Fault.BREAK:
             raise httpx.ReadError("connection reset by peer")
         if self._fault != Fault.NO_DONE:

@@ -25,7 +25,7 @@ from typing import Any
 from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
 from carryover.state import Committed, ConversationKey, MemoryStore, Record, StoreUnavailable
-from tests.explore.engines import MODEL, Engines, Fault, answer_of, render
+from tests.explore.engines import MODEL, Engines, Fault, answer_of, loop_step, render
 
 KEYS = {"k1": "t1", "k2": "t2"}
 NOW = 1_000_000.0  # the router's and the store's clock: nothing expires within a schedule
@@ -156,7 +156,7 @@ class FaultyStore(MemoryStore):
         self.faults: dict[str, list[str | None]] = {"claim": [], "commit": []}
 
     async def _fault(self, call: str) -> str | None:
-        await asyncio.sleep(0)
+        await loop_step()
         queue = self.faults[call]
         fault = queue.pop(0) if queue else None
         if fault == "before":
@@ -286,13 +286,13 @@ async def _until(condition: Callable[[], bool], what: str, steps: int = 10_000) 
     for _ in range(steps):
         if condition():
             return
-        await asyncio.sleep(0)
+        await loop_step()
     raise AssertionError(f"{what}: not within {steps} loop steps")
 
 
 async def _after(steps: int, event: asyncio.Event, counted: list[int]) -> None:
     for _ in range(steps):
-        await asyncio.sleep(0)
+        await loop_step()
         counted[0] += 1
     event.set()
 

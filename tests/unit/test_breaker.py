@@ -52,9 +52,8 @@ def test_error_answers_of_one_tenant_never_open_the_circuit_for_the_others() -> 
     assert breaker.state == "open"
 
 
-def test_a_pool_blames_error_answers_on_tenants_and_transport_failures_on_the_engine(
-    tmp_path: Path,
-) -> None:
+def two_tenant_pool(tmp_path: Path) -> InstancePool:
+    """A pool of one P and one D serving tenants alpha and beta."""
     keys = tmp_path / "keys.json"
     keys.write_text('{"sk-a-0123456789": "alpha", "sk-b-0123456789": "beta"}')
     config = load_config(
@@ -62,6 +61,13 @@ def test_a_pool_blames_error_answers_on_tenants_and_transport_failures_on_the_en
         environ={"CARRYOVER_API_KEYS_FILE": str(keys)},
     )
     pool = InstancePool(config, cast(Upstream, None), MemoryStore(), RouterMetrics())
+    return pool
+
+
+def test_a_pool_blames_error_answers_on_tenants_and_transport_failures_on_the_engine(
+    tmp_path: Path,
+) -> None:
+    pool = two_tenant_pool(tmp_path)
     decode = next(i for i in pool.instances if i.role == "decode")
     for _ in range(5):
         pool.failed(decode, EngineFailed("bad input", status=500), "alpha")
@@ -77,13 +83,7 @@ def test_one_tenants_timed_out_legs_never_open_the_circuit_for_the_others(
     """A P leg that runs past its deadline was taken by the engine: what the tenant sent
     (a prompt too long for ``timeouts.prefill``) may be why, so it counts as that tenant's,
     as an error answer does; a second tenant's timeouts make it the engine's."""
-    keys = tmp_path / "keys.json"
-    keys.write_text('{"sk-a-0123456789": "alpha", "sk-b-0123456789": "beta"}')
-    config = load_config(
-        ["--prefill", "http://p:1", "--decode", "http://d:1"],
-        environ={"CARRYOVER_API_KEYS_FILE": str(keys)},
-    )
-    pool = InstancePool(config, cast(Upstream, None), MemoryStore(), RouterMetrics())
+    pool = two_tenant_pool(tmp_path)
     prefill = next(i for i in pool.instances if i.role == "prefill")
     for _ in range(5):
         pool.failed(prefill, EngineTimeout("did not answer within 60 s"), "alpha")
