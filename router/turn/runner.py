@@ -86,7 +86,7 @@ class TurnRunner:
             # meets the fate its stage has for that (router/handles/fates.py).
             claimed = prepared.claimed
             if claimed is not None and not claimed.settled:
-                gone = isinstance(exc, asyncio.CancelledError | GeneratorExit)
+                gone = isinstance(exc, asyncio.CancelledError)
                 svc.ledger.settle(claimed, Event.CLIENT_GONE if gone else Event.TURN_FAILED)
             raise
         _count(svc, req, outcome)
