@@ -143,8 +143,7 @@ async def _generate(
     body, view = parse_body(raw, chat=chat, max_messages=services.config.max_messages)
     conversation_id = _conversation_id(services, headers, body)
     services.gate.clamp_priority(tenant, body)
-    client_salt = check_client_salt(body.get("cache_salt"))
-    salt = services.salts.of(tenant, client_salt)
+    salt = services.salts.of(tenant, check_client_salt(body.get("cache_salt")))
     if salt is None:
         body.pop("cache_salt", None)
     else:
@@ -154,7 +153,7 @@ async def _generate(
     labels.model = model_name if resolved.known else ""
     key = None
     if conversation_id is not None:
-        key = conversation_key(tenant, resolved, conversation_id, client_salt)
+        key = conversation_key(tenant, resolved, conversation_id)
     turn = None
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")
