@@ -57,19 +57,28 @@ def unescape(part: str) -> str:
 
 
 class ConversationKey(msgspec.Struct, frozen=True):
-    """Which conversation a record belongs to: tenant, model and the client's conversation id."""
+    """Which conversation a record belongs to: tenant, model, the client's conversation id
+    and the client's ``cache_salt`` (``salt``: a digest of it, empty without one). Every part
+    that changes what a record's KV may be reused for is in the key: two salts of one
+    conversation id are two conversations."""
 
     tenant: str
     model: str
     conversation_id: str
+    salt: str = ""
 
     def __post_init__(self) -> None:
         validate_identifier(self.tenant, what="tenant")
         validate_identifier(self.model, what="model")
         validate_identifier(self.conversation_id)
+        if self.salt:
+            validate_identifier(self.salt, what="salt")
 
     def storage_key(self, namespace: str = "carryover") -> str:
-        """The key under which stores keep this conversation's record."""
-        return ":".join(
-            (namespace, _escape(self.tenant), _escape(self.model), _escape(self.conversation_id))
-        )
+        """The key under which stores keep this conversation's record (a salted one has a
+        fifth part; the parts are escaped, so no key of four parts can pass for one of five)."""
+        parts = [namespace, _escape(self.tenant), _escape(self.model)]
+        parts.append(_escape(self.conversation_id))
+        if self.salt:
+            parts.append(_escape(self.salt))
+        return ":".join(parts)

@@ -158,6 +158,8 @@ class RedisStore(FleetCalls, HeldIndexCalls):
         if len(shards) == 1:
             return shards[0]
         name = f"{key.tenant}\0{key.model}\0{key.conversation_id}".encode()
+        if key.salt:
+            name += b"\0" + key.salt.encode()
         return shards[zlib.crc32(name) % len(shards)]
 
     def _record_key(self, key: ConversationKey, shard: _Shard) -> str:

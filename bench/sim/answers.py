@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from carryover.router.render.chat_template import ChatTemplate
+from carryover.bench.sim.chat import SimTemplate
 
 __all__ = ["AnswerPlanner", "split_reasoning"]
 
@@ -199,7 +199,7 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
 
 
 class AnswerPlanner:
-    def __init__(self, template: ChatTemplate, *, noncanonical: bool = False) -> None:
+    def __init__(self, template: SimTemplate, *, noncanonical: bool = False) -> None:
         self._template = template
         self._noncanonical = noncanonical
         self._eos = template.eos_token_id

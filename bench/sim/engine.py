@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from carryover.bench.sim.answers import AnswerPlanner
+from carryover.bench.sim.chat import SimTemplate
 from carryover.bench.sim.config import SimConfig
 from carryover.bench.sim.kv import BlockPool, OutOfBlocks
 from carryover.bench.sim.kv_events import KvEventPublisher
@@ -31,7 +32,6 @@ from carryover.bench.sim.sequence import (
 from carryover.bench.sim.sidechannel import serve_side_channel
 from carryover.bench.sim.transfer import NixlTransfer
 from carryover.bench.sim.warm_tier import RemoteWarmTier, WarmTierClient
-from carryover.router.render.chat_template import ChatTemplate
 
 __all__ = ["EngineError", "Finished", "GenerationRequest", "SimEngine", "Token"]
 
@@ -39,7 +39,7 @@ log = logging.getLogger("carryover.sim")
 
 
 class SimEngine(NixlTransfer):
-    def __init__(self, config: SimConfig, template: ChatTemplate) -> None:
+    def __init__(self, config: SimConfig, template: SimTemplate) -> None:
         self.config = config
         self.template = template
         self.planner = AnswerPlanner(template, noncanonical=config.noncanonical_outputs)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import xxhash
 
-from carryover.router.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from carryover.bench.sim.kv_wire import Cleared, Removed, SimEvent, Stored
 
 __all__ = ["SEED", "BlockPool", "OutOfBlocks", "chain", "salt_seed", "token_hashes"]
 
@@ -75,7 +75,7 @@ class BlockPool:
         self.block_size = block_size
         # What entered and left the prefix cache since the last ``take_events`` (vLLM's KV
         # events), when events are on.
-        self.events: list[KVEvent] | None = [] if events else None
+        self.events: list[SimEvent] | None = [] if events else None
         self.num_blocks = num_blocks
         self.prefix_caching = prefix_caching
         self.content: list[bytes] = [SEED] * num_blocks
@@ -124,7 +124,7 @@ class BlockPool:
             if old is not None and self._cache.get(old) == block:
                 del self._cache[old]
                 if self.events is not None:
-                    self.events.append(BlockRemoved(block_hashes=[old], medium="GPU"))
+                    self.events.append(Removed(block_hashes=[old], medium="GPU"))
             self.key[block] = None
             self.content[block] = SEED
             self.refs[block] = 1
@@ -161,7 +161,7 @@ class BlockPool:
         for run in runs:
             first, last = run[0], run[-1]
             self.events.append(
-                BlockStored(
+                Stored(
                     block_hashes=[hashes[i] for i in run],
                     parent_block_hash=hashes[first - 1] if first else None,
                     token_ids=list(tokens[first * size : (last + 1) * size]),
@@ -176,7 +176,7 @@ class BlockPool:
                 )
             )
 
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self) -> list[SimEvent]:
         if not self.events:
             return []
         taken, self.events = self.events, []
@@ -192,7 +192,7 @@ class BlockPool:
         self._cache.clear()
         self.key = [None] * self.num_blocks
         if self.events is not None:
-            self.events = [AllBlocksCleared()]
+            self.events = [Cleared()]
 
     def compute(self, blocks: Sequence[int], tokens: Sequence[int], start: int, end: int) -> None:
         """Compute KV for ``tokens[start:end]`` locally into ``blocks``.

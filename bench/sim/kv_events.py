@@ -18,7 +18,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from carryover.router.kv.events import END_SEQ, KVEvent, KVEventBatch, encode_batch
+from carryover.bench.sim.kv_wire import END_SEQ, SimEvent, encode_batch
 
 __all__ = ["KVEventsSettings", "KvEventPublisher"]
 
@@ -66,7 +66,7 @@ class KvEventPublisher:
         if self._replay is not None:
             self._replays = asyncio.create_task(self._serve_replays(self._replay))
 
-    async def publish(self, events: list[KVEvent]) -> None:
+    async def publish(self, events: list[SimEvent]) -> None:
         if not events:
             return
         if self._rebinding is not None:
@@ -74,7 +74,7 @@ class KvEventPublisher:
             self._rebinding = None
         seq = self._next_seq
         self._next_seq += 1
-        payload = encode_batch(KVEventBatch(time.time(), events, 0))
+        payload = encode_batch(time.time(), events, 0)
         self._buffer.append((seq, payload))
         if self.drop_next > 0:
             self.drop_next -= 1

@@ -21,8 +21,8 @@ import msgspec
 from aiohttp import web
 
 from carryover.bench.sim.answers import split_reasoning
+from carryover.bench.sim.chat import SimRenderError, SimTemplate
 from carryover.bench.sim.http import error, ok, serve
-from carryover.router.render.chat_template import ChatTemplate, RenderDeclined, RenderInputError
 
 __all__ = ["RenderSimConfig", "SimRenderServer"]
 
@@ -48,9 +48,9 @@ class _Faults(msgspec.Struct):
 
 
 class SimRenderServer:
-    def __init__(self, config: RenderSimConfig, template: ChatTemplate | None = None) -> None:
+    def __init__(self, config: RenderSimConfig, template: SimTemplate | None = None) -> None:
         self.config = config
-        self.template = template or ChatTemplate.qwen3()
+        self.template = template or SimTemplate.qwen3()
         self.faults = _Faults()
         self.calls: dict[str, int] = {"render": 0, "derender": 0, "derender_chunk": 0}
         self._runner: web.AppRunner | None = None
@@ -161,7 +161,7 @@ class SimRenderServer:
                 chat_template_kwargs=self._kwargs(body),
             )
             sampling = self._sampling(body, len(ids), chat=True)
-        except (_BadRequest, RenderInputError, RenderDeclined, ValueError, TypeError) as exc:
+        except (_BadRequest, SimRenderError, ValueError, TypeError) as exc:
             return error(400, str(exc))
         generate = self._generate_request(request, body, ids, sampling, "chatcmpl")
         generate.update(reasoning_ended=None, reasoning_parser_kwargs=None)

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from carryover.bench.sim.chat import SimRenderError, SimTemplate
 from carryover.bench.sim.config import SimConfig
 from carryover.bench.sim.engine import EngineError, GenerationRequest, SimEngine
 from carryover.bench.sim.generate_api import cache_salt, generate
 from carryover.bench.sim.http import error, ok, serve
 from carryover.bench.sim.responses import streamed_answer, whole_answer
-from carryover.router.render.chat_template import ChatTemplate, RenderDeclined, RenderInputError
 
 __all__ = ["SimServer"]
 
@@ -43,9 +43,9 @@ class _Faults(msgspec.Struct):
 class SimServer:
     """One instance: engine + HTTP app. ``await start()`` / ``await stop()`` in a running loop."""
 
-    def __init__(self, config: SimConfig, template: ChatTemplate | None = None) -> None:
+    def __init__(self, config: SimConfig, template: SimTemplate | None = None) -> None:
         self.config = config
-        self.template = template or ChatTemplate.qwen3()
+        self.template = template or SimTemplate.qwen3()
         self.engine = SimEngine(config, self.template)
         self.faults = _Faults(error_rate=config.error_rate, hang=config.hang, slow=config.slow)
         self._hang_cleared = asyncio.Event()
@@ -159,7 +159,7 @@ class SimServer:
                 tools=body.get("tools"),
                 chat_template_kwargs=kwargs,
             )
-        except (RenderInputError, RenderDeclined) as exc:  # what the simulator does not model
+        except SimRenderError as exc:  # what the simulator does not model
             raise EngineError(400, str(exc)) from exc
 
     def _sampling(self, body: dict[str, Any], prompt_len: int, *, chat: bool) -> dict[str, Any]:

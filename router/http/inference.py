@@ -143,7 +143,8 @@ async def _generate(
     body, view = parse_body(raw, chat=chat, max_messages=services.config.max_messages)
     conversation_id = _conversation_id(services, headers, body)
     services.gate.clamp_priority(tenant, body)
-    salt = services.salts.of(tenant, check_client_salt(body.get("cache_salt")))
+    client_salt = check_client_salt(body.get("cache_salt"))
+    salt = services.salts.of(tenant, client_salt)
     if salt is None:
         body.pop("cache_salt", None)
     else:
@@ -153,7 +154,7 @@ async def _generate(
     labels.model = model_name if resolved.known else ""
     key = None
     if conversation_id is not None:
-        key = conversation_key(tenant, resolved, conversation_id)
+        key = conversation_key(tenant, resolved, conversation_id, client_salt)
     turn = None
     if isinstance(view, ChatView):
         turn = sum(1 for m in view.messages if m.get("role") == "user")

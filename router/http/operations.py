@@ -22,6 +22,7 @@ from carryover.router.http.services import (
     services_of,
 )
 from carryover.router.outcomes import ReleaseCause
+from carryover.router.tenants.salt import check_client_salt
 from carryover.state import StoreUnavailable
 
 __all__ = [
@@ -69,6 +70,12 @@ def _id_of(request: Request[Any, Any, Any], prefix: str) -> str:
     return path[len(prefix) :]
 
 
+def _client_salt(request: Request[Any, Any, Any]) -> str | None:
+    """The ``cache_salt`` query parameter: a conversation's turns sent with a salt are
+    stored under it, and only the same salt names them."""
+    return check_client_salt(request.query_params.get("cache_salt"))
+
+
 @delete("/v1/conversations/{conversation_id:path}", status_code=200)
 async def end_conversation(
     request: Request[Any, Any, Any], conversation_id: FromPath[str]
@@ -77,7 +84,9 @@ async def end_conversation(
     services = services_of(request)
     tenant = services.auth.tenant(request.headers.get("authorization"))
     resolved = resolve_model(services, request.query_params.get("model"))
-    key = conversation_key(tenant, resolved, _id_of(request, "/v1/conversations/"))
+    key = conversation_key(
+        tenant, resolved, _id_of(request, "/v1/conversations/"), _client_salt(request)
+    )
     try:
         # Turns still running commit nothing after this (fenced for as long as one can run).
         record = await services.store.delete(
@@ -107,7 +116,9 @@ async def inspect_conversation(
     services.auth.admin(request.headers.get("authorization"))
     tenant = request.query_params.get("tenant") or DEFAULT_TENANT
     resolved = resolve_model(services, request.query_params.get("model"))
-    key = conversation_key(tenant, resolved, _id_of(request, "/admin/conversations/"))
+    key = conversation_key(
+        tenant, resolved, _id_of(request, "/admin/conversations/"), _client_salt(request)
+    )
     try:
         record = await services.store.get(key)
     except StoreUnavailable as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,7 +87,17 @@ def resolve_model(services: Services, name: str | None) -> Resolved:
     raise ModelNotFound(f"The model `{name}` does not exist.")
 
 
-def conversation_key(tenant: str, resolved: Resolved, conversation_id: str) -> ConversationKey:
+def salt_digest(client_salt: str | None) -> str:
+    """A client's ``cache_salt`` as the conversation key holds it: a digest (a salt may hold
+    any character vLLM allows, and the key holds no secret a store reader could use)."""
+    if client_salt is None:
+        return ""
+    return hashlib.sha256(client_salt.encode()).hexdigest()[:32]
+
+
+def conversation_key(
+    tenant: str, resolved: Resolved, conversation_id: str, client_salt: str | None = None
+) -> ConversationKey:
     if conversation_id.startswith("/") or conversation_id.endswith("/") or "//" in conversation_id:
         # DELETE /v1/conversations/{id} could never name it: URL paths are normalized.
         raise BadConversationId(
@@ -96,6 +107,8 @@ def conversation_key(tenant: str, resolved: Resolved, conversation_id: str) -> C
         # A model whose name is not known yet (discovery pending) names no namespace: its
         # turns never claim or store (TurnRequest.reuses), whatever name the client sent.
         namespace = resolved.name if resolved.known else "default"
-        return ConversationKey(tenant, namespace or "default", conversation_id)
+        return ConversationKey(
+            tenant, namespace or "default", conversation_id, salt_digest(client_salt)
+        )
     except InvalidIdentifier as exc:
         raise BadConversationId(str(exc)) from exc

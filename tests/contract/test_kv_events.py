@@ -13,8 +13,8 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from carryover.bench.sim.kv_events import KvEventPublisher, KVEventsSettings
+from carryover.bench.sim.kv_wire import Stored
 from carryover.router.config import WarmTierConfig
-from carryover.router.kv.events import BlockStored
 from carryover.router.kv.index import InstanceBlocks, Prompt
 from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.subscriber import EventSubscriber
@@ -26,10 +26,10 @@ SIZE = 4
 _tokens = itertools.count(1)
 
 
-def new_block() -> tuple[list[int], BlockStored]:
+def new_block() -> tuple[list[int], Stored]:
     """A one-block sequence of fresh tokens and the event that stores it."""
     ids = [next(_tokens) for _ in range(SIZE)]
-    return ids, BlockStored([ids[0]], None, ids, SIZE, None, "GPU", None)
+    return ids, Stored([ids[0]], None, ids, SIZE, None, "GPU", None)
 
 
 def holds(blocks: InstanceBlocks, ids: list[int]) -> bool:
@@ -133,8 +133,8 @@ async def test_a_gap_without_replay_drops_what_is_known() -> None:
         publisher.drop_next = 1
         lost, _ = new_block()
         after, _ = new_block()
-        await publisher.publish([BlockStored([lost[0]], None, lost, SIZE, None, "GPU", None)])
-        await publisher.publish([BlockStored([after[0]], None, after, SIZE, None, "GPU", None)])
+        await publisher.publish([Stored([lost[0]], None, lost, SIZE, None, "GPU", None)])
+        await publisher.publish([Stored([after[0]], None, after, SIZE, None, "GPU", None)])
         await eventually(
             lambda: _ready(subscriber.last == publisher.last_seq), what="the batch after the gap"
         )
@@ -161,7 +161,7 @@ async def test_the_warm_tiers_chunks_are_the_tiers_and_outlive_an_engine_restart
     async with pair(warm=tier) as (publisher, subscriber):
         await in_step(publisher, subscriber)
         chunk = [next(_tokens) for _ in range(2 * SIZE)]
-        await publisher.publish([BlockStored([chunk[0]], None, chunk, 2 * SIZE, None, "CPU", None)])
+        await publisher.publish([Stored([chunk[0]], None, chunk, 2 * SIZE, None, "CPU", None)])
         await eventually(
             lambda: _ready(subscriber.last == publisher.last_seq), what="the chunk's batch"
         )

@@ -194,3 +194,37 @@ async def test_a_handle_that_adds_a_few_tokens_to_ps_own_cache_is_given_back(
             lambda held: not set(held_before) & set(held),
             what="turn 1's pin is freed",
         )
+
+
+async def test_a_decode_local_turn_with_no_healthy_decode_settles_its_claimed_handle(
+    tmp_path: Path,
+) -> None:
+    """Decode-local picks D before any leg: with none healthy the turn is a 503, and the
+    record it claimed has its one fate (released: never sent), none left open."""
+    async with stack(
+        tmp_path,
+        sim={"kv_events": True, "threshold": 16},
+        router_flags=("--expose-path-header", "--decode-local-max-tokens", "256"),
+    ) as s:
+        (d,) = s.decode
+        conversation, messages = await first_turn(
+            s, SYSTEM, "Now only the size of /etc/hosts, please."
+        )
+        released = "carryover_handle_fates_total{cause=turn_failed,fate=released}"
+        before = await ascrape(s.client, s.router.url)
+        await d.stop()
+        up = f"carryover_instance_up{{role=decode,server={name_of(d)}}}"
+        await eventually(
+            lambda: ascrape(s.client, s.router.url),
+            lambda values: values.get(up) == 0.0,
+            what="the router sees D down",
+        )
+        got = await chat_turn(s.client, s.router.url, messages, conversation_id=conversation)
+        assert got.status == 503, got.raw
+        after = await eventually(
+            lambda: ascrape(s.client, s.router.url),
+            lambda values: values.get("carryover_handles_open") == 0.0,
+            what="no handle left without a fate",
+        )
+        assert after.get(released, 0.0) - before.get(released, 0.0) == 1
+        assert after["carryover_handle_ledger_errors_total"] == 0

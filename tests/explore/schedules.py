@@ -93,6 +93,8 @@ def draw(seed: int) -> Schedule:
     for _ in range(3):
         if rng.random() < 0.15:  # the same conversation id from another tenant or salt
             key = rng.choice(list(KEYS))
+        if rng.random() < 0.15:
+            salt = rng.choice([None, "A", "B"])
         turns.append(
             TurnPlan(
                 stream=rng.random() < 0.5,

@@ -75,6 +75,12 @@ async def test_content_parts_the_router_does_not_know_are_never_checked_as_text(
     assert [reply.path for reply in result.replies][1:] == ["cold-unchecked"] * 2
 
 
+async def test_a_client_salt_is_part_of_the_conversation_key() -> None:
+    result = await run(schedule(turn(salt="A"), turn(salt="B"), turn(salt="A"), turn(salt="B")))
+    assert violations(result) == []
+    assert [reply.path for reply in result.replies] == ["cold-miss", "cold-miss", "reuse", "reuse"]
+
+
 async def test_a_client_leaving_between_ds_last_chunk_and_done_leaves_no_handle_unheld() -> None:
     runs = await sweep(schedule(turn(), turn(stream=True), turn()), 1)
     assert len(runs) > 5

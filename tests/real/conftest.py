@@ -6,16 +6,16 @@ front of it. Three configurations exist, each started once per run, in this orde
 
 - ``pd``: P keeps a prefix cache and runs in dev mode (``/reset_prefix_cache``) with the
   render server's parsers, so it also answers as ``vllm serve`` does; D keeps its cache. A
-  test that counts what P pulled sends each routed turn with a fresh ``cache_salt``
-  (``helpers.salted``): the salt changes the prefix-cache hashes only, so P finds nothing of
-  its own and pulls exactly what the handle covers.
+  test that counts what P pulled empties P's cache before each routed turn
+  (``helpers.forget_prefill_cache``), so P finds nothing of its own and pulls exactly what the
+  handle covers; references carry a fresh ``cache_salt`` (``helpers.salted``).
 - ``warm``: both engines also reach an LMCache server; P has no prefix cache, so all it did
   not compute came from LMCache. The restart test brings the pair back in this
   configuration, on the same ports: a restart of both engines, and the start of the next
   configuration, at once.
 - ``tokens``: ``--tokens-only`` engines behind a render server.
 - ``llama2`` and ``mistral``: a pair of each of the other model families the tier builds
-  (``bench/real/make_model.py``), as ``pd`` but without parsers, for the render check and
+  (``bench/real/make_model.py``), as ``pd`` (dev mode too) but without parsers, for the render check and
   reuse on their tokenizers and templates.
 
 Each test module says which configuration it needs with ``@pytest.mark.engines(kind)``; the
@@ -63,7 +63,7 @@ def _phase(item: pytest.Item) -> int | None:
 
 #: Tests of this tier that start no engine: they run before the first engine starts, so that
 #: no engine shares the CPU with them.
-_BEFORE_ENGINES = ("test_render_vllm.py", "test_engine_site.py")
+_BEFORE_ENGINES = ("test_render_vllm.py", "test_engine_site.py", "test_kv_wire_vllm.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -109,7 +109,7 @@ class Engines:
             # Both publish KV events: every router of this tier keeps an index of them, so
             # the subscriber meets vLLM's own wire format in every test.
             kv_events=True,
-            dev_mode=kind == "pd",  # POST /reset_prefix_cache
+            dev_mode=kind in ("pd", *FAMILIES),  # POST /reset_prefix_cache
             lmcache=LmcacheServer(self.log_dir / kind / "lmcache.log") if kind == "warm" else None,
             # A restart keeps the ports: to a router it is the same instance, come back.
             prefill=None if like is None else like.prefill,

@@ -19,6 +19,7 @@ from carryover.bench.real.launch import SERVED_NAME, VllmPair
 from carryover.state import HashedTokens, chunk_size_for
 from tests.support.http import SAFE_TO_RESEND
 from tests.support.metrics import ascrape
+from tests.support.waiting import eventually
 
 BLOCK = 128
 PULLED = "vllm:prompt_tokens_by_source_total{source=external_kv_transfer}"
@@ -161,8 +162,43 @@ async def chat(
 
 
 def salted() -> dict[str, Any]:
-    """Request fields that keep a reference off every prefix cache."""
+    """Request fields that keep a reference off every prefix cache. Never for a routed turn
+    of a conversation: the client's salt is part of the conversation's key, so a fresh one
+    starts a new conversation."""
     return {"cache_salt": uuid.uuid4().hex}
+
+
+#: The router's count of the blocks its KV-event index holds for one instance.
+INDEX_BLOCKS = "carryover_kv_index_blocks{{server={name}}}"
+
+
+async def forget_prefill_cache(
+    client: httpx.AsyncClient, p_url: str, router_url: str, model: str = SERVED_NAME
+) -> None:
+    """P's prefix cache emptied (dev mode's ``/reset_prefix_cache``) and the router's index
+    told so (vLLM's ``AllBlocksCleared``): the next routed turn's P holds nothing of the
+    conversation, pulls exactly what the handle covers, and the router knows a pull pays."""
+    await eventually(
+        lambda: client.post(p_url + "/reset_prefix_cache", extensions=SAFE_TO_RESEND),
+        lambda r: r.json()["success"] is True,  # refused while D still reads P's blocks
+        what="P reset its prefix cache",
+        timeout=120,
+        interval=0.2,
+    )
+    # vLLM publishes events when its engine steps: a request shorter than a block makes it
+    # step (and send AllBlocksCleared) and stores no block of its own.
+    r = await client.post(
+        p_url + "/v1/completions",
+        json={"model": model, "prompt": [0], "max_tokens": 1, **salted()},
+    )
+    r.raise_for_status()
+    blocks = INDEX_BLOCKS.format(name=p_url.removeprefix("http://"))
+    await eventually(
+        lambda: ascrape(client, router_url),
+        lambda values: values.get(blocks, 0.0) == 0.0,
+        what="the router's index forgot P's blocks",
+        timeout=60,
+    )
 
 
 def expected_pull(prompt: list[int], sequence: list[int]) -> tuple[int, str]:

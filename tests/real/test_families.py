@@ -24,6 +24,7 @@ from tests.real.conftest import Engines, routed
 from tests.real.helpers import (
     chat,
     expected_pull,
+    forget_prefill_cache,
     pulled,
     salted,
     same_output,
@@ -70,6 +71,7 @@ async def test_a_family_renders_in_process_and_its_turns_reuse_exactly_what_d_ho
         sequence: list[int] | None = None
         paths = []
         for turn in range(3):
+            await forget_prefill_cache(client, p_url, router.url, model)
             before = await pulled(client, p_url)
             r = await chat(
                 client,
@@ -78,7 +80,6 @@ async def test_a_family_renders_in_process_and_its_turns_reuse_exactly_what_d_ho
                 model=model,
                 max_tokens=40,
                 conversation=nonce,
-                **salted(),
             )
             assert r.status_code == 200, r.text
             got = r.json()

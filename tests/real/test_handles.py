@@ -115,8 +115,8 @@ async def test_prefill_unavailable_decode_serves_alone_and_reuse_continues(
         p_url,
         prompt=f"<|im_end|>\n<|im_start|>user\n{text(nonce, 1, 40)}<|im_end|>\n<|im_start|>assistant\n",
     )
-    # A fresh salt: P finds nothing of its own cache and pulls all that the handle covers.
-    r2 = await completion(client, real_router.url, prompt + suffix, conversation=nonce, **salted())
+    # Turn 1 ran on D alone: P holds nothing of it and pulls all that the handle covers.
+    r2 = await completion(client, real_router.url, prompt + suffix, conversation=nonce)
     # The completions turn continues the same conversation id only within its own model/tenant
     # key: the chat record is found and reused because the ids extend it exactly.
     assert r2.headers["x-carryover-path"] == "reuse"

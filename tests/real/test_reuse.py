@@ -1,7 +1,8 @@
 """carryover in front of real vLLM (CPU build, NIXL, bidirectional KV transfer): reuse, the
-prefix check and what it guards against. Every routed turn whose pull is counted carries a
-fresh ``cache_salt`` and every reference one too: P finds nothing of its own prefix cache, so
-its counters say exactly what was pulled.
+prefix check and what it guards against. Before every routed turn whose pull is counted, P's
+prefix cache is emptied (``forget_prefill_cache``), and every reference carries a fresh
+``cache_salt``: P finds nothing of its own, so its counters say exactly what was pulled. (A
+routed turn keeps its conversation's salt: the salt is part of the conversation's key.)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.real.helpers import (
     completion,
     expected_pull,
     first_prompt,
+    forget_prefill_cache,
     pulled,
     salted,
     same_output,
@@ -53,14 +55,15 @@ async def test_completions_full_reuse_over_five_turns(
         prompt = prompt + output + await tokenize(client, p_url, prompt=suffix)
     previous_r = None
     for turn, (prompt, want) in enumerate(zip(prompts, wants, strict=True)):
+        await forget_prefill_cache(client, p_url, real_router.url)
         before = await pulled(client, p_url)
-        r = await completion(client, real_router.url, prompt, conversation=nonce, **salted())
+        r = await completion(client, real_router.url, prompt, conversation=nonce)
         assert r.status_code == 200, r.text
         got = r.json()
         after = await pulled(client, p_url)
         assert same_output(got, want, chat=False), f"turn {turn + 1} differs from the reference"
-        # What the client is told was not computed: P's count (nothing of P's own cache under
-        # a fresh salt, so only what it pulled), not D's, which got every prompt token over
+        # What the client is told was not computed: P's count (nothing of P's own cache, which
+        # was emptied, so only what it pulled), not D's, which got every prompt token over
         # the transfer.
         cached = got["usage"]["prompt_tokens_details"]["cached_tokens"]
         if turn == 0:
@@ -110,10 +113,9 @@ async def test_chat_echo_reuses_exactly_the_blocks_before_the_answer(
     sequence: list[int] | None = None
     diverged_inside_history = 0
     for turn in range(3):
+        await forget_prefill_cache(client, p_url, real_router.url)
         before = await pulled(client, p_url)
-        r = await chat(
-            client, real_router.url, messages, max_tokens=40, conversation=nonce, **salted()
-        )
+        r = await chat(client, real_router.url, messages, max_tokens=40, conversation=nonce)
         assert r.status_code == 200, r.text
         got = r.json()
         after = await pulled(client, p_url)
@@ -142,7 +144,7 @@ async def test_rewritten_history_and_stripped_answer_stay_correct(
     nonce = uuid.uuid4().hex[:8]
     messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
     first = (
-        await chat(client, real_router.url, messages, max_tokens=60, conversation=nonce, **salted())
+        await chat(client, real_router.url, messages, max_tokens=60, conversation=nonce)
     ).json()
     sequence = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
     answer = first["choices"][0]["message"]["content"]
@@ -154,8 +156,9 @@ async def test_rewritten_history_and_stripped_answer_stay_correct(
     ]
 
     async def checked_turn(sequence: list[int]) -> dict[str, Any]:
+        await forget_prefill_cache(client, p_url, real_router.url)
         before = await pulled(client, p_url)
-        r = await chat(client, real_router.url, messages, conversation=nonce, **salted())
+        r = await chat(client, real_router.url, messages, conversation=nonce)
         assert r.status_code == 200, r.text
         expected, path = expected_pull(r.json()["prompt_token_ids"], sequence)
         assert path != "reuse" and r.headers["x-carryover-path"] == path, expected

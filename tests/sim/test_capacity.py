@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from carryover.bench.sim.kv import BlockPool, OutOfBlocks, token_hashes
+from carryover.bench.sim.kv_wire import Removed
 from carryover.bench.sim.sequence import EngineSequence, Finished, GenerationRequest
 from carryover.bench.sim.timing import Timing
-from carryover.router.kv.events import BlockRemoved
 from tests.sim.helpers import chat_body, user
 from tests.support.metrics import ascrape
 from tests.support.sims import running, sim_config
@@ -61,7 +61,7 @@ def test_cached_free_blocks_go_least_recently_freed_first_with_an_event_each() -
     pool.take_events()
     assert pool.cached_blocks == 4
     pool.allocate(2)  # needs two blocks: both of the older prompt's go
-    removed = [e for e in pool.take_events() if isinstance(e, BlockRemoved)]
+    removed = [e for e in pool.take_events() if isinstance(e, Removed)]
     gone = {h for e in removed for h in e.block_hashes}
     assert gone == set(token_hashes(old, 4)) and len(removed) == 2
     assert len(pool.lookup(token_hashes(new, 4), 2)) == 2  # the newer one is still cached
