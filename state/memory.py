@@ -55,14 +55,15 @@ class MemoryStore:
         record: Record,
         *,
         now: float,
-        started_at: float | None = None,
+        running_for: float | None = None,
     ) -> Committed:
         if record.expired(now):
             return Committed(written=False)
         ended = self._ended.get(key)
-        if ended is not None and ended[1] <= now:
+        clock = self._clock()  # the store's own: callers' clocks may differ
+        if ended is not None and ended[1] <= clock:
             del self._ended[key]
-        elif ended is not None and started_at is not None and started_at <= ended[0]:
+        elif ended is not None and running_for is not None and clock - running_for <= ended[0]:
             return Committed(written=False, ended=True)
         current = self._live(key)
         if current is not None and current.turn > record.turn:
@@ -83,12 +84,11 @@ class MemoryStore:
     async def get(self, key: ConversationKey) -> Record | None:
         return self._live(key)
 
-    async def delete(
-        self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
-    ) -> Record | None:
+    async def delete(self, key: ConversationKey, *, fence: float = 0.0) -> Record | None:
         record = self._live(key)
         self._records.pop(key, None)
-        if now is not None and fence > 0:
+        if fence > 0:
+            now = self._clock()
             self._ended[key] = (now, now + fence)
         return record
 

@@ -20,6 +20,11 @@ __all__ = ["CLAIM", "CLAIM_MANY", "COMMIT", "HELD", "OBSERVE"]
 _HELPERS = """
 local n = tonumber(ARGV[1])
 local base = n + 2
+-- This server's clock in ms: fences compare times of one clock, whatever the callers' say.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local function holder(value)
   if string.len(value) < 10 then return nil end
   local size = string.byte(value, 9) * 256 + string.byte(value, 10)
@@ -40,8 +45,8 @@ end
 """
 
 # KEYS[1] record, KEYS[2] its ended mark, then the index fours. ARGV[base] value,
-# ARGV[base+1] lifetime in ms, +2 expires_at, +3 created_at, +4 now, +5 when the turn started
-# ('' : unfenced), +6 '1' when pressure relief may take it (listed by creation time), '0' for
+# ARGV[base+1] lifetime in ms, +2 expires_at, +3 created_at, +4 now, +5 how long the turn has
+# run, in ms ('' : unfenced; its start is placed on this server's clock, as the ended mark is), +6 '1' when pressure relief may take it (listed by creation time), '0' for
 # a shadowed record (Record.shadowed: counted as held, never chosen by relief), +7 the tokens
 # D pins for it. Byte-wise comparison of the fixed-width big-endian turns orders them.
 COMMIT = Script(
@@ -50,7 +55,7 @@ COMMIT = Script(
 local value = ARGV[base]
 if ARGV[base + 5] ~= '' then
   local ended = redis.call('GET', KEYS[2])
-  if ended and tonumber(ended) >= tonumber(ARGV[base + 5]) then
+  if ended and tonumber(ended) >= now_ms() - tonumber(ARGV[base + 5]) then
     return {0, false, 1}
   end
 end
@@ -98,8 +103,8 @@ return {1, current}
 )
 
 # KEYS[1] record, KEYS[2] its ended mark, then the index fours. Get-and-delete, and the
-# holder forgets it. With ARGV[base] (now) and ARGV[base+1] (fence in ms), commits of turns
-# started before now are refused while the ended mark lives.
+# holder forgets it. With ARGV[base] (a fence in ms), commits of turns started before now (this
+# server's clock) are refused while the ended mark lives.
 CLAIM = Script(
     _HELPERS
     + """
@@ -112,7 +117,7 @@ if value then
   if at then unhold(at, KEYS[1]) end
 end
 if ARGV[base] then
-  redis.call('SET', KEYS[2], ARGV[base], 'PX', ARGV[base + 1])
+  redis.call('SET', KEYS[2], string.format('%d', now_ms()), 'PX', ARGV[base])
 end
 return {1, value}
 """

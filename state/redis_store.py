@@ -246,7 +246,7 @@ class RedisStore(FleetCalls, HeldIndexCalls):
         record: Record,
         *,
         now: float,
-        started_at: float | None = None,
+        running_for: float | None = None,
     ) -> Committed:
         ttl_ms = int((record.expires_at - now) * 1000)
         if ttl_ms <= 0:
@@ -261,7 +261,7 @@ class RedisStore(FleetCalls, HeldIndexCalls):
                 repr(record.expires_at),
                 repr(record.created_at),
                 repr(now),
-                repr(started_at) if started_at is not None else "",
+                int(running_for * 1000) if running_for is not None else "",
                 "0" if record.shadowed else "1",
                 record.prefix.length,
             ],
@@ -283,10 +283,8 @@ class RedisStore(FleetCalls, HeldIndexCalls):
             await self._call(lambda: self._channel.call("GET", self._record_key(key, shard)))
         )
 
-    async def delete(
-        self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
-    ) -> Record | None:
-        args: list[Arg] = [repr(now), int(fence * 1000)] if now is not None and fence > 0 else []
+    async def delete(self, key: ConversationKey, *, fence: float = 0.0) -> Record | None:
+        args: list[Arg] = [int(fence * 1000)] if fence > 0 else []
         reply, durable = await self._on_record(scripts.CLAIM, key, args)
         # What was dropped is the caller's to release: only when no failover can undo it.
         return decode_value(reply[1]) if durable else None

@@ -91,10 +91,12 @@ class Store(Protocol):
         record: Record,
         *,
         now: float,
-        started_at: float | None = None,
+        running_for: float | None = None,
     ) -> Committed:
         """Store ``record`` unless a record of a later turn is stored, or the conversation
-        was ended (:meth:`delete` with a fence) after its turn started at ``started_at``;
+        was ended (:meth:`delete` with a fence) after its turn started, ``running_for``
+        seconds ago. The store places both on its own clock (a duration, not a time, crosses
+        from the caller): replicas whose clocks differ fence exactly the turns in flight;
         expire it at ``record.expires_at``. Says whether it was written and what live record
         it replaced."""
         ...
@@ -103,12 +105,10 @@ class Store(Protocol):
         """Read the record without taking it (inspection only: never send its handle)."""
         ...
 
-    async def delete(
-        self, key: ConversationKey, *, now: float | None = None, fence: float = 0.0
-    ) -> Record | None:
-        """Drop the record; returns what was dropped. With ``now`` and ``fence``, commits of
-        turns that started before ``now`` are refused for ``fence`` seconds: a turn in flight
-        when its conversation was ended does not bring it back."""
+    async def delete(self, key: ConversationKey, *, fence: float = 0.0) -> Record | None:
+        """Drop the record; returns what was dropped. With a ``fence``, commits of turns
+        that started before now (the store's clock) are refused for ``fence`` seconds: a
+        turn in flight when its conversation was ended does not bring it back."""
         ...
 
     async def observe_identity(self, instance: str, identity: str) -> int:

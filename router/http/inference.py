@@ -186,7 +186,6 @@ async def _generate(
         tenant=tenant,
         model_name_known=resolved.known,
         trace=trace,
-        started_at=services.clock(),
     )
     try:
         services.gate.enter(tenant)

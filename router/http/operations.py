@@ -89,9 +89,7 @@ async def end_conversation(
     )
     try:
         # Turns still running commit nothing after this (fenced for as long as one can run).
-        record = await services.store.delete(
-            key, now=services.clock(), fence=services.config.timeouts.request
-        )
+        record = await services.store.delete(key, fence=services.config.timeouts.request)
     except StoreUnavailable as exc:
         raise EngineUnavailable("conversation state is unavailable") from exc
     released = False

@@ -96,7 +96,9 @@ async def commit(
     svc.ledger.move(held, Stage.WRITING)
     try:
         with svc.leg(req, "commit"):
-            committed = await svc.store.commit(req.key, record, now=now, started_at=req.started_at)
+            committed = await svc.store.commit(
+                req.key, record, now=now, running_for=req.running_for
+            )
     except StoreUnavailable as exc:
         # The write may still land when the store answers again: releasing now would leave a
         # stored handle to freed blocks, which the next turn would send to P.

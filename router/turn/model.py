@@ -86,7 +86,6 @@ class TurnRequest:
     tenant: str = "default"
     model_name_known: bool = True  # False: the engines' served name is not known yet
     started: float = field(default_factory=time.monotonic)
-    started_at: float = field(default_factory=time.time)  # wall clock: fences DELETE races
     trace: TurnTrace = NO_TRACE
 
     @property
@@ -96,6 +95,12 @@ class TurnRequest:
         have said their served name, the client's name could be any adapter's, and a record
         under it could hold another model's KV: such turns run without reuse."""
         return self.key is not None and self.model.reuse and self.model_name_known
+
+    @property
+    def running_for(self) -> float:
+        """Seconds since the turn started: the store fences DELETE races with it on its own
+        clock (a duration, unlike a wall-clock time, means the same on every replica)."""
+        return time.monotonic() - self.started
 
     @property
     def model_label(self) -> str:

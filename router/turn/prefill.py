@@ -188,7 +188,7 @@ async def _put_back(
     assert req.key is not None
     try:
         put_back = await svc.store.commit(
-            req.key, record, now=svc.clock(), started_at=req.started_at
+            req.key, record, now=svc.clock(), running_for=req.running_for
         )
     except StoreUnavailable:
         svc.metrics.store_errors.labels("commit").inc()

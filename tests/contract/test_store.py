@@ -71,20 +71,29 @@ async def test_a_commit_says_what_it_replaced(store: Store) -> None:
 
 
 async def test_an_ended_conversation_refuses_turns_that_started_before(store: Store) -> None:
-    started = time.time()
+    began = time.monotonic()
     assert (await store.commit(key(), make_record(1), now=time.time())).written
-    ended_at = time.time()
-    assert await store.delete(key(), now=ended_at, fence=60) is not None
+    assert await store.delete(key(), fence=60) is not None
+    deleted = time.monotonic()
     # A turn in flight when DELETE came does not bring the conversation back...
-    late = await store.commit(key(), make_record(2), now=time.time(), started_at=started)
+    running = time.monotonic() - began
+    late = await store.commit(key(), make_record(2), now=time.time(), running_for=running)
     assert late == Committed(False, None, ended=True)
     assert await store.get(key()) is None
-    # ...a turn that started after it does (the id may start a new conversation).
-    new = await store.commit(key(), make_record(1), now=time.time(), started_at=ended_at + 0.001)
+    # ...a turn that started after it does (the id may start a new conversation). Only a
+    # duration crosses to the store, which places both on its own clock.
+    await eventually(_now, lambda now: now - deleted > 0.01, what="the clock moves past the DELETE")
+    started = time.monotonic()
+    running = time.monotonic() - started
+    new = await store.commit(key(), make_record(1), now=time.time(), running_for=running)
     assert new.written and not new.ended
     # Without a fence, DELETE only drops.
     assert await store.delete(key("c2")) is None
-    assert (await store.commit(key("c2"), make_record(1), now=time.time(), started_at=0)).written
+    assert (await store.commit(key("c2"), make_record(1), now=time.time(), running_for=1e6)).written
+
+
+async def _now() -> float:
+    return time.monotonic()
 
 
 async def test_later_turn_wins_and_earlier_is_refused(store: Store) -> None:

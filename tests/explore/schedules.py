@@ -171,10 +171,10 @@ class FaultyStore(MemoryStore):
         return record
 
     async def commit(
-        self, key: ConversationKey, record: Record, *, now: float, started_at: float | None = None
+        self, key: ConversationKey, record: Record, *, now: float, running_for: float | None = None
     ) -> Committed:
         fault = await self._fault("commit")
-        committed = await super().commit(key, record, now=now, started_at=started_at)
+        committed = await super().commit(key, record, now=now, running_for=running_for)
         if fault == "after":
             raise StoreUnavailable("commit: injected after it ran")
         return committed
@@ -281,7 +281,7 @@ def _messages(
     return [*history, {"role": "user", "content": content}]
 
 
-async def _until(condition: Callable[[], bool], what: str, steps: int = 10_000) -> None:
+async def until(condition: Callable[[], bool], what: str, steps: int = 10_000) -> None:
     """Wait for ``condition``, a loop step at a time (everything here is in process)."""
     for _ in range(steps):
         if condition():
@@ -318,7 +318,7 @@ async def run(schedule: Schedule) -> Run:
     async with app.lifespan():
         services = app.state.services
         if schedule.names_known:  # the router asks the engines' served name in the background
-            await _until(lambda: bool(services.model_names), "the served model's name")
+            await until(lambda: bool(services.model_names), "the served model's name")
         history: list[dict[str, Any]] = []
         for index, turn in enumerate(schedule.turns):
             messages = _messages(history, index, turn.odd_part)

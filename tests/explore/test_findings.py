@@ -3,13 +3,29 @@ one of them broke an invariant before the turn's fates were decided in one table
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Iterator
+from typing import Any
 
+import httpx
 import pytest
 
-from tests.explore.engines import MODEL, Fault
-from tests.explore.schedules import Run, Schedule, TurnPlan, run, sweep, violations
+from carryover.router.config.load import load_config
+from carryover.router.http.app import create_app
+from carryover.state import MemoryStore
+from tests.explore.engines import MODEL, Engines, Fault, answer_of, render
+from tests.explore.schedules import (
+    KEYS,
+    Run,
+    Schedule,
+    TurnPlan,
+    run,
+    sweep,
+    until,
+    violations,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -94,3 +110,50 @@ async def test_a_proxys_timeout_or_rate_limit_never_releases_a_handle_p_may_have
     result = await run(schedule(turn(), turn(p_faults=(status,)), turn()))
     assert violations(result) == []
     assert [reply.status for reply in result.replies] == [200, status, 200]
+
+
+async def test_a_replica_whose_clock_runs_ahead_fences_no_turn_that_began_after_its_delete() -> (
+    None
+):
+    """Two replicas sharing one store, one's clock a minute ahead: its DELETE fences the
+    turns in flight, not the conversation's next turns on the other replica."""
+    engines = Engines(["p0:8000"], ["d0:8000"])
+    store = MemoryStore()  # the store's own clock: the real one
+    args = ["--prefill", "http://p0:8000", "--decode", "http://d0:8000"]
+    args += ["--render-backend", "engine", "--expose-path-header", "--health-interval", "3600"]
+    config = load_config(args, environ={"CARRYOVER_API_KEYS": json.dumps(KEYS)})
+    ahead = create_app(config, transport=engines, store=store, clock=lambda: time.time() + 60)
+    behind = create_app(config, transport=engines, store=store, clock=time.time)
+    auth = {"Authorization": "Bearer k1"}
+    async with (
+        ahead.lifespan(),
+        behind.lifespan(),
+        httpx.AsyncClient(transport=httpx.ASGITransport(ahead), base_url="http://a") as a,
+        httpx.AsyncClient(transport=httpx.ASGITransport(behind), base_url="http://b") as b,
+    ):
+        for app in (ahead, behind):
+            services = app.state.services
+            await until(lambda s=services: bool(s.model_names), "the served model's name")
+        history: list[dict[str, Any]] = []
+        paths = []
+        for index in range(3):
+            messages = [
+                *history,
+                {"role": "user", "content": f"turn {index}: rivers and stones " * 8},
+            ]
+            body = {"model": MODEL, "messages": messages, "conversation_id": "c1", "max_tokens": 16}
+            r = await b.post("/v1/chat/completions", json=body, headers=auth)
+            assert r.status_code == 200, r.text
+            paths.append(r.headers["x-carryover-path"])
+            history = [*messages, {"role": "assistant", "content": answer_of(render(messages))}]
+            if index == 0:
+                deleted = await a.delete("/v1/conversations/c1", headers=auth)
+                assert deleted.status_code == 200, deleted.text
+                history = []
+                began = time.monotonic()
+                # the next turn begins after the DELETE on the store's clock too
+                await until(lambda t=began: time.monotonic() - t > 0.002, "the clock moves on")
+        await ahead.state.services.runner.drain_background()
+        await behind.state.services.runner.drain_background()
+    assert paths == ["cold-miss", "cold-miss", "reuse"]
+    assert engines.violations == []

@@ -40,10 +40,10 @@ class HeldStore(MemoryStore):
         return await super().claim(key)
 
     async def commit(
-        self, key: ConversationKey, record: Record, *, now: float, started_at: float | None = None
+        self, key: ConversationKey, record: Record, *, now: float, running_for: float | None = None
     ) -> Committed:
         await self._wait("commit")
-        return await super().commit(key, record, now=now, started_at=started_at)
+        return await super().commit(key, record, now=now, running_for=running_for)
 
 
 @contextlib.asynccontextmanager
