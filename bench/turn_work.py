@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -26,11 +26,14 @@ from carryover.router.config import InstanceConfig, ModelConfig
 from carryover.router.kv.index import Prompt
 from carryover.router.openai import parse_body
 from carryover.router.relay import DecodeOutput
+from carryover.router.render.backends import Renderer
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
+from carryover.router.turn.api import engine_api
 from carryover.router.turn.model import TurnRequest
 from carryover.router.turn.openai_api import decode_body, prefill_body
 from carryover.router.turn.prefill_answer import read as read_prefill_answer
 from carryover.router.turn.prefill_answer import same_ids
+from carryover.router.turn.runtime import ModelRuntime
 from carryover.state import HashedTokens, chunk_size_for
 
 STEPS = (
@@ -66,7 +69,8 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
     ids: list[int] = timed("render", lambda: template.encode(template.render_text(history)))
     hashed = timed("store hashes", lambda: HashedTokens(ids, chunk_size_for(16)))
     timed("index keys", lambda: Prompt(ids, packed=hashed.packed).keys(16))
-    req = TurnRequest(_MODEL, "m", None, body, True, True, False, "r", None)
+    runtime = ModelRuntime(_MODEL, 0, cast(Renderer, None), engine_api(_MODEL))
+    req = TurnRequest(runtime, "m", None, body, True, True, False, "r", None)
     ids_json: bytes = timed("ids JSON", lambda: _encoder.encode(ids))
     handle = {"do_remote_decode": True, "remote_block_ids": [list(range(len(ids) // 16))]}
 

@@ -48,9 +48,10 @@ from carryover.router.store import check_store, open_store
 from carryover.router.tenants.limits import TenantGate
 from carryover.router.tenants.salt import salts_of
 from carryover.router.tenants.usage import read_usage_forever
-from carryover.router.tokens.check import TokensCheck, keep_checking
+from carryover.router.tokens.check import keep_checking
 from carryover.router.tracing import Tracing
 from carryover.router.turn import TurnRunner
+from carryover.router.turn.runtime import Models
 from carryover.router.turn.services import Planner
 from carryover.state import Record, Store, plan
 from carryover.state.resp import redacted_url
@@ -113,20 +114,18 @@ def create_app(
         pool = InstancePool(config, upstream, backend, metrics_, resolver or resolve)
         renderers = Renderers(config, upstream, metrics_)
         kv = KvEvents(config, KvMetrics(metrics_.registry))
-        tokens_checks = {id(m): TokensCheck() for m in config.models if m.tokens_only}
+        models = Models.build(config.models, renderers.renderers, upstream)
         gate = TenantGate(config, metrics_.tenant_limited)
         runner = TurnRunner(
             config,
             pool,
             backend,
             upstream,
-            renderers.by_model,
             metrics_,
             random.Random(seed),
             clock=clock,
             planner=chosen_planner,
             kv=kv,
-            tokens_checks=tokens_checks,
             gate=gate,
         )
         services = Services(
@@ -137,13 +136,12 @@ def create_app(
             runner=runner,
             metrics=metrics_,
             auth=Authenticator(config.api_keys, config.admin_key),
-            model_names={id(m): m.name for m in config.models if m.name is not None},
+            models=models,
             tracing=Tracing.from_environment(),
             clock=clock,
             kv=kv,
             salts=salts_of(config),
             gate=gate,
-            tokens_checks=tokens_checks,
         )
         app.state.services = services
         kv.start()
@@ -156,8 +154,9 @@ def create_app(
             """Releases a handle claimed from ``instance``'s records (relief, departure)."""
 
             def give_back(instance: Instance, record: Record) -> Awaitable[bool]:
-                name = services.model_names.get(id(instance.model)) or ""
-                return runner.give_back(instance.model, name, record.handle, Origin.RELIEVED, cause)
+                runtime = models.of(instance.model)
+                name = runtime.name or ""
+                return runner.give_back(runtime, name, record.handle, Origin.RELIEVED, cause)
 
             return give_back
 
@@ -172,7 +171,7 @@ def create_app(
         pool.on_leave.append(instance_left)
         await pool.start()
         discovery = asyncio.create_task(watch_models(services, max(config.health_interval, 10.0)))
-        renderers.start(pool, lambda model: services.model_names.get(id(model)))
+        renderers.start(pool, lambda model: models.of(model).name)
 
         def decode_names() -> list[str]:
             return [i.name for i in pool.decodes()]
@@ -210,16 +209,16 @@ def create_app(
         checking = [
             asyncio.create_task(
                 keep_checking(
-                    tokens_checks[id(model)],
-                    runner.render_server(model),
-                    model,
-                    functools.partial(services.model_names.get, id(model)),
+                    runtime.tokens_check,
+                    runtime.render,
+                    runtime.config,
+                    functools.partial(getattr, runtime, "name"),
                     retry=config.health_interval,
                     interval=60.0,
                 )
             )
-            for model in config.models
-            if model.tokens_only
+            for runtime in models
+            if runtime.tokens_check is not None
         ]
         lagging = asyncio.create_task(
             watch_loop_lag(metrics_.loop_lag, collections=metrics_.gc_pauses)

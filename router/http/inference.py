@@ -150,7 +150,7 @@ async def _generate(
     else:
         body["cache_salt"] = salt
     resolved = resolve_model(services, view.model)
-    model, model_name = resolved.model, resolved.name
+    model_name = resolved.name
     labels.model = model_name if resolved.known else ""
     key = None
     if conversation_id is not None:
@@ -174,7 +174,7 @@ async def _generate(
         stream=bool(view.stream),
     )
     turn_request = TurnRequest(
-        model=model,
+        runtime=resolved.runtime,
         model_name=model_name,
         key=key,
         body=body,

@@ -95,7 +95,7 @@ async def end_conversation(
     released = False
     if record is not None:
         released = await services.runner.give_back(
-            resolved.model, resolved.name, record.handle, Origin.ENDED, ReleaseCause.DELETED
+            resolved.runtime, resolved.name, record.handle, Origin.ENDED, ReleaseCause.DELETED
         )
     return json_response(
         200,

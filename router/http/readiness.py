@@ -27,7 +27,8 @@ log = logging.getLogger("carryover.router")
 
 async def not_ready(services: Services) -> str | None:
     """Why this router cannot serve a turn now, or ``None``."""
-    refusals = [c.refusal for c in services.tokens_checks.values() if c.refusal is not None]
+    checks = [r.tokens_check for r in services.models if r.tokens_check is not None]
+    refusals = [check.refusal for check in checks if check.refusal is not None]
     if refusals:
         return refusals[0]
     if services.config.redis:
@@ -36,9 +37,8 @@ async def not_ready(services: Services) -> str | None:
         except StoreUnavailable:
             return "the conversation store does not answer"
     now = time.monotonic()
-    for model in services.config.models:
-        name = services.model_names.get(id(model))
-        served = services.served.get(id(model))
+    for runtime in services.models:
+        model, name, served = runtime.config, runtime.name, runtime.served
         if name is None:
             return "a model's name is not known yet (no engine listed it)"
         if served is not None and name not in served:
@@ -61,14 +61,14 @@ async def watch_models(services: Services, interval: float) -> None:
     its engines list. Every ``interval``, once every model is known, to notice a
     redeployed engine serving something else."""
     while True:
-        for model in services.config.models:
-            served = await _served(services, model)
+        for runtime in services.models:
+            served = await _served(services, runtime.config)
             if served is None:
                 continue
-            services.served[id(model)] = set(served)
-            if id(model) not in services.model_names and served:
-                services.model_names[id(model)] = served[0]
-        known = all(id(m) in services.served for m in services.config.models)
+            runtime.served = set(served)
+            if runtime.name is None and served:
+                runtime.name = served[0]
+        known = all(runtime.served is not None for runtime in services.models)
         await asyncio.sleep(interval if known else 1.0)
 
 

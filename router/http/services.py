@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from litestar import Request, Response
@@ -19,9 +19,9 @@ from carryover.router.kv.service import KvEvents
 from carryover.router.metrics import RouterMetrics
 from carryover.router.tenants.limits import TenantGate
 from carryover.router.tenants.salt import CacheSalts
-from carryover.router.tokens.check import TokensCheck
 from carryover.router.tracing import Tracing
 from carryover.router.turn import TurnRunner
+from carryover.router.turn.runtime import ModelRuntime, Models
 from carryover.state import ConversationKey, InvalidIdentifier, Store
 
 __all__ = ["Services", "conversation_key", "json_response", "resolve_model", "services_of"]
@@ -36,17 +36,14 @@ class Services:
     runner: TurnRunner
     metrics: RouterMetrics
     auth: Authenticator
-    model_names: dict[int, str]  # by id() of the model: configured, or what engines list
+    models: Models  # every configured model's runtime (its served name once known)
     tracing: Tracing
     kv: KvEvents
     salts: CacheSalts
     gate: TenantGate
     clock: Callable[[], float] = time.time
-    tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)  # by id() of the model
     in_flight: int = 0
     closing: bool = False
-    #: model ids the engines of each model serve (router/http/readiness.py), by id() of the model
-    served: dict[int, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Read when scraped: a request would otherwise set it twice.
@@ -65,25 +62,28 @@ def services_of(request: Request[Any, Any, Any]) -> Services:
 
 
 class Resolved(NamedTuple):
-    model: ModelConfig
+    runtime: ModelRuntime
     name: str  # what the engines are asked for
     known: bool  # the served name is known: ``name`` is it, not what the client sent
 
+    @property
+    def model(self) -> ModelConfig:
+        return self.runtime.config
+
 
 def resolve_model(services: Services, name: str | None) -> Resolved:
-    models = services.config.models
-    for model in models:
-        known = services.model_names.get(id(model))
-        if known is not None and known == name:
-            return Resolved(model, known, True)
+    """The request's model, resolved once: its runtime goes with the turn."""
+    models = services.models
+    for runtime in models:
+        if runtime.name is not None and runtime.name == name:
+            return Resolved(runtime, runtime.name, True)
     if len(models) == 1:
-        model = models[0]
-        known = services.model_names.get(id(model))
-        if known is None:
+        (runtime,) = models
+        if runtime.name is None:
             # Not asked of the engines yet: they judge the client's name themselves.
-            return Resolved(model, name or "", False)
+            return Resolved(runtime, name or "", False)
         if name is None:
-            return Resolved(model, known, True)
+            return Resolved(runtime, runtime.name, True)
     raise ModelNotFound(f"The model `{name}` does not exist.")
 
 

@@ -32,12 +32,12 @@ class KvEvents:
         #: Each model's warm tier, by the name of every instance of the model.
         self.warm: dict[str, WarmTier] = {}
         self.warm_tiers: list[WarmTier] = []
-        self._tier_of: dict[int, WarmTier] = {}  # by id(model)
+        self._tier_of: list[tuple[ModelConfig, WarmTier]] = []  # each model with a tier
         for model in config.models:
             if model.warm_tier is not None:
                 tier = WarmTier(model.warm_tier)
                 self.warm_tiers.append(tier)
-                self._tier_of[id(model)] = tier
+                self._tier_of.append((model, tier))
                 for instance in (*model.prefill, *model.decode):
                     self.warm[instance.label] = tier
         self._sources = [
@@ -70,7 +70,7 @@ class KvEvents:
 
     def joined(self, instance: InstanceConfig, model: ModelConfig) -> None:
         """A member of a dns:// set: its warm tier, and its events when it publishes them."""
-        tier = self._tier_of.get(id(model))
+        tier = next((tier for each, tier in self._tier_of if each is model), None)
         if tier is not None:
             self.warm[instance.label] = tier
         if instance.kv_events is not None:

@@ -55,7 +55,8 @@ class Renderers:
 
     def __init__(self, config: RouterConfig, upstream: Upstream, metrics: RouterMetrics) -> None:
         self._config = config
-        self.by_model: dict[int, Renderer] = {}
+        #: Each model's renderer, in configuration order.
+        self.renderers: list[Renderer] = []
         for number, model in enumerate(config.models):
             label = model.name or str(number)  # position when the name is discovered later
 
@@ -63,14 +64,13 @@ class Renderers:
                 for each in RenderCheck:
                     metrics.render_check.labels(label, each).set(1 if each is state else 0)
 
-            self.by_model[id(model)] = make_renderer(model.render, upstream, report)
+            self.renderers.append(make_renderer(model.render, upstream, report))
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self, pool: InstancePool, names: Callable[[ModelConfig], str | None]) -> None:
         """Check every default renderer against a prefill instance of its model, again after
         any of them restarts."""
-        for model in self._config.models:
-            renderer = self.by_model[id(model)]
+        for model, renderer in zip(self._config.models, self.renderers, strict=True):
             if isinstance(renderer, AutoRenderer):
                 self._tasks.append(asyncio.create_task(self._check(model, renderer, pool, names)))
 

@@ -27,7 +27,6 @@ from carryover.router.handles.fates import Event
 from carryover.router.handles.ledger import HeldHandle, Origin, Stage
 from carryover.router.outcomes import RetryCause
 from carryover.router.relay import DecodeOutput, decode_answer
-from carryover.router.turn.api import engine_api
 from carryover.router.turn.commit import commit
 from carryover.router.turn.costs import decode_local_pays
 from carryover.router.turn.model import Prepared, Started, TurnPath, TurnRequest
@@ -118,7 +117,7 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
         else:
             p_instance, p_params = await run_prefill(svc, req, prepared)
             decode = _pick_decode(svc, req, prepared, tried, timed_out)
-        path, body = engine_api(req.model).decode(req, prepared, p_params)
+        path, body = req.runtime.api.decode(req, prepared, p_params)
         url = f"{decode.url}{path}"
         held = contextlib.AsyncExitStack()
         lease = held.enter_context(svc.pool.lease(decode, req.tenant))
@@ -185,7 +184,7 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
     await svc.to_the_end(
         commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
     )
-    data = await engine_api(req.model).answer(svc, req, prepared, started.answer, output)
+    data = await req.runtime.api.answer(svc, req, prepared, started.answer, output)
     elapsed = time.monotonic() - req.started
     svc.metrics.e2e.labels("false").observe(elapsed)
     svc.metrics.answered.labels(req.model_label, req.turn_label, "false").observe(elapsed)
@@ -199,7 +198,7 @@ async def stream(
     relay is over: after the commit, or after an error event)."""
     started = await _start(svc, req, prepared)
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
-    frames = engine_api(req.model).frames(svc, req, prepared, started, output)
+    frames = req.runtime.api.frames(svc, req, prepared, started, output)
     # A span over the whole stream, first byte to [DONE].
     started.held.enter_context(
         svc.leg(req, "decode", **{"carryover.instance": started.decode.name})
@@ -243,7 +242,7 @@ async def stream(
 async def _finish_stream(
     svc: TurnServices, req: TurnRequest, prepared: Prepared, output: DecodeOutput, started: Started
 ) -> None:
-    await engine_api(req.model).after_stream(svc, req, prepared, output, started.decode)
+    await req.runtime.api.after_stream(svc, req, prepared, output, started.decode)
     await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
 
 

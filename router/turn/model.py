@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
 
@@ -20,6 +20,9 @@ from carryover.router.metrics import turn_label
 from carryover.router.tracing import NO_TRACE, TurnTrace
 from carryover.router.turn.prefill_answer import RanIds
 from carryover.state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
+
+if TYPE_CHECKING:
+    from carryover.router.turn.runtime import ModelRuntime
 
 _encoder = msgspec.json.Encoder()
 
@@ -74,7 +77,7 @@ def path_of(plan_: Plan) -> TurnPath:
 
 @dataclass
 class TurnRequest:
-    model: ModelConfig
+    runtime: ModelRuntime  # the served model: its config, renderer, engine API, checks
     model_name: str  # what the engines are asked for
     key: ConversationKey | None
     body: dict[str, Any]  # the client's body, conversation id removed
@@ -87,6 +90,10 @@ class TurnRequest:
     model_name_known: bool = True  # False: the engines' served name is not known yet
     started: float = field(default_factory=time.monotonic)
     trace: TurnTrace = NO_TRACE
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.runtime.config
 
     @property
     def reuses(self) -> bool:

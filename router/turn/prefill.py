@@ -12,7 +12,6 @@ from carryover.router.handles.fates import Event
 from carryover.router.handles.ledger import HeldHandle, Stage
 from carryover.router.outcomes import RetryCause
 from carryover.router.turn import prefill_answer
-from carryover.router.turn.api import engine_api
 from carryover.router.turn.commit import release_replaced, written_event
 from carryover.router.turn.costs import pull_pays
 from carryover.router.turn.model import Prepared, TurnPath, TurnRequest
@@ -57,7 +56,7 @@ async def run_prefill(
             plan_ = prepared.plan
             claimed = prepared.claimed if plan_.attaches_handle else None
             kv = plan_.handle if plan_.handle is not None else {"do_remote_decode": True}
-            path, body = engine_api(req.model).prefill(req, prepared, kv)
+            path, body = req.runtime.api.prefill(req, prepared, kv)
             if claimed is not None:
                 # From here a client that leaves must not release it.
                 svc.ledger.move(claimed, Stage.SENT)

@@ -52,7 +52,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
             return prepared
         ids: list[int] | None = tokens.ids
     else:
-        renders = svc.renderer(req.model).renders if req.chat else _PROMPT_FIELD
+        renders = req.runtime.renderer.renders if req.chat else _PROMPT_FIELD
         blockers = reuse_blockers(req.body, chat=req.chat, renders=renders)
         if blockers:
             return await _prepare_unchecked(svc, req, blockers)
@@ -187,15 +187,13 @@ def _plan(
 async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
     """The render server's GenerateRequest; without it no turn can run (tokens-only engines
     cannot render), so its failure is the request's: 503, or its 4xx for a bad request."""
-    check = svc.tokens_checks.get(id(req.model))
+    check = req.runtime.tokens_check
     if check is not None and check.refusal is not None:
         raise EngineUnavailable(check.refusal)
     request = dict(req.body)
     request["model"] = req.model_name
     with svc.leg(req, "render"):
-        generate = mend_rendered(
-            await svc.render_server(req.model).render(request, chat=req.chat), req.body
-        )
+        generate = mend_rendered(await req.runtime.render.render(request, chat=req.chat), req.body)
     if req.cache_salt is not None:
         generate["cache_salt"] = req.cache_salt  # whatever the render server copied
     if (generate.get("sampling_params") or {}).get("stop"):
@@ -230,7 +228,7 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
         prompt = req.body.get("prompt")
         if isinstance(prompt, list):
             return prompt  # token ids are taken as they are
-    renderer = svc.renderer(req.model)
+    renderer = req.runtime.renderer
     candidates: list[Instance | None] = [*svc.pool.available(req.model, "prefill")] or [None]
     with svc.leg(req, "render"):
         for attempt, instance in enumerate(candidates[:2]):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from carryover.router.config import ModelConfig, RouterConfig
+from carryover.router.config import RouterConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.fleet.pool import InstancePool
 from carryover.router.handles.fates import Event
@@ -23,13 +23,11 @@ from carryover.router.handles.ledger import HandleLedger, Origin
 from carryover.router.kv.service import KvEvents
 from carryover.router.metrics import RouterMetrics
 from carryover.router.outcomes import ReleaseCause
-from carryover.router.render.backends import Renderer
 from carryover.router.tenants.limits import TenantGate
-from carryover.router.tokens.check import TokensCheck
-from carryover.router.tokens.server import RenderServerClient
 from carryover.router.turn.decode import complete, stream
 from carryover.router.turn.model import Relay, TurnOutcome, TurnRequest
 from carryover.router.turn.prepare import prepare
+from carryover.router.turn.runtime import ModelRuntime
 from carryover.router.turn.services import Planner, TurnServices
 from carryover.state import Store, plan
 
@@ -43,14 +41,12 @@ class TurnRunner:
         pool: InstancePool,
         store: Store,
         upstream: Upstream,
-        renderers: dict[int, Renderer],
         metrics: RouterMetrics,
         rng: random.Random | None = None,
         *,
         clock: Callable[[], float] = time.time,
         planner: Planner = plan,
         kv: KvEvents | None = None,
-        tokens_checks: dict[int, TokensCheck] | None = None,
         gate: TenantGate | None = None,
     ) -> None:
         self._svc = TurnServices(
@@ -58,13 +54,11 @@ class TurnRunner:
             pool,
             store,
             upstream,
-            renderers,
             metrics,
             rng or random.Random(),
             clock=clock,
             planner=planner,
             kv=kv,
-            tokens_checks=tokens_checks if tokens_checks is not None else {},
             gate=gate or TenantGate(config),
         )
 
@@ -92,16 +86,13 @@ class TurnRunner:
         _count(svc, req, outcome)
         return outcome
 
-    def render_server(self, model: ModelConfig) -> RenderServerClient:
-        return self._svc.render_server(model)
-
     @property
     def ledger(self) -> HandleLedger:
         return self._svc.ledger
 
     async def give_back(
         self,
-        model: ModelConfig,
+        runtime: ModelRuntime,
         model_name: str,
         handle: dict[str, Any],
         origin: Origin,
@@ -110,7 +101,7 @@ class TurnRunner:
         """Free D's blocks of a handle taken outside a turn (DELETE, pressure relief) now."""
         ledger = self._svc.ledger
         released = ledger.settle(
-            ledger.hold(origin, handle, (model, model_name)), Event.GIVEN_BACK, cause
+            ledger.hold(origin, handle, (runtime, model_name)), Event.GIVEN_BACK, cause
         )
         return await released if released is not None else False
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from carryover.router.config import ModelConfig, RouterConfig
+from carryover.router.config import RouterConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import UpstreamError
 from carryover.router.fleet.policy import Affinity, pick_prefill
@@ -22,12 +22,9 @@ from carryover.router.fleet.pool import InstancePool
 from carryover.router.handles.ledger import HandleLedger, HeldHandle, Origin
 from carryover.router.kv.service import KvEvents
 from carryover.router.metrics import Histogram, RouterMetrics
-from carryover.router.render.backends import Renderer
 from carryover.router.tenants.limits import TenantGate
-from carryover.router.tokens.check import TokensCheck
-from carryover.router.tokens.server import RenderServerClient
-from carryover.router.turn.api import engine_api
 from carryover.router.turn.model import TurnRequest
+from carryover.router.turn.runtime import ModelRuntime
 from carryover.state import HashedTokens, Plan, PlanSettings, Record, Store, plan, release_handle
 
 __all__ = ["Planner", "TurnServices"]
@@ -83,18 +80,14 @@ class TurnServices:
     pool: InstancePool
     store: Store
     upstream: Upstream
-    renderers: dict[int, Renderer]  # by id() of the ModelConfig
     metrics: RouterMetrics
     rng: random.Random = field(default_factory=random.Random)
     clock: Callable[[], float] = time.time  # wall clock: records, expiry, DELETE fences
     planner: Planner = plan
     kv: KvEvents | None = None  # the KV-event index; None or empty: routing by load alone
     background: set[asyncio.Task[Any]] = field(default_factory=set)
-    # Tokens-only models' render-server checks (router/tokens/check.py), by id() of the model.
-    tokens_checks: dict[int, TokensCheck] = field(default_factory=dict)
     gate: TenantGate | None = None  # per-tenant limits; None: none
     ledger: HandleLedger = field(init=False)
-    _render_servers: dict[int, RenderServerClient] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ledger = HandleLedger(self.metrics, self._release_held, self.in_background)
@@ -102,18 +95,6 @@ class TurnServices:
     @functools.cached_property
     def affinity(self) -> Affinity:
         return Affinity(self.config.affinity_slack, self.config.affinity_tokens_per_load)
-
-    def renderer(self, model: ModelConfig) -> Renderer:
-        return self.renderers[id(model)]
-
-    def render_server(self, model: ModelConfig) -> RenderServerClient:
-        """A tokens-only model's render server (``render.url``)."""
-        server = self._render_servers.get(id(model))
-        if server is None:
-            assert model.render.url is not None  # the config requires it for tokens
-            server = RenderServerClient(self.upstream, model.render.url, model.render.timeout)
-            self._render_servers[id(model)] = server
-        return server
 
     def leg(self, req: TurnRequest, name: str, **attributes: Any) -> _Leg:
         """Time one step of the turn: the leg histogram, and a span when tracing is on."""
@@ -125,7 +106,7 @@ class TurnServices:
 
         async def warm() -> bool:
             try:
-                await self.renderer(req.model).warm(req.body, answer)
+                await req.runtime.renderer.warm(req.body, answer)
             except Exception:  # a warm-up that fails costs the next turn's speed only
                 log.debug("render warm-up failed", exc_info=True)
                 return False
@@ -136,12 +117,12 @@ class TurnServices:
     def hold(self, req: TurnRequest, origin: Origin, kv: dict[str, Any] | None) -> HeldHandle:
         """A handle this turn now holds, in the ledger: released (if that is its fate)
         through the turn's model."""
-        return self.ledger.hold(origin, kv, (req.model, req.model_name))
+        return self.ledger.hold(origin, kv, (req.runtime, req.model_name))
 
     async def _release_held(self, held: HeldHandle) -> bool:
         assert held.kv is not None
-        model, model_name = held.target
-        return await self.release(model, model_name, held.kv)
+        runtime, model_name = held.target
+        return await self.release(runtime, model_name, held.kv)
 
     def in_background(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run ``work`` to its end whatever happens to the request (a client that leaves
@@ -156,13 +137,13 @@ class TurnServices:
         still finishes: what it decides about a handle must happen."""
         return await asyncio.shield(self.in_background(work))
 
-    async def release(self, model: ModelConfig, model_name: str, handle: dict[str, Any]) -> bool:
+    async def release(self, runtime: ModelRuntime, model_name: str, handle: dict[str, Any]) -> bool:
         """A one-token P request carrying the handle with ``remote_num_tokens: 0``: P
         computes locally and D frees the blocks at once."""
-        instance = pick_prefill(self.pool.available(model, "prefill"), self.rng)
+        instance = pick_prefill(self.pool.available(runtime.config, "prefill"), self.rng)
         if instance is None:
             return False
-        path, body = engine_api(model).release(model_name, release_handle(handle))
+        path, body = runtime.api.release(model_name, release_handle(handle))
         try:
             await self.upstream.post_json(
                 f"{instance.url}{path}", body, timeout=self.config.timeouts.prefill

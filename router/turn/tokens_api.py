@@ -66,7 +66,7 @@ class TokensApi:
         # is right), and the failure costs the answer only.
         tokens = _tokens(prepared)
         with svc.leg(req, "derender"):
-            derendered = await svc.render_server(req.model).derender(
+            derendered = await req.runtime.render.derender(
                 answer, len(tokens.ids), tokens.request, chat=req.chat
             )
         mended = mend_whole(
@@ -88,7 +88,7 @@ class TokensApi:
         settings = req.model.tokens
         local = plain_detokenizer(svc, req, tokens.generate)
         coalescer = Coalescer(
-            local or svc.render_server(req.model),
+            local or req.runtime.render,
             tokens.request,
             tokens.ids,
             chat=req.chat,
@@ -162,7 +162,7 @@ def plain_detokenizer(
     """A detokenizer in this process for a stream no parser needs to see: no reasoning
     parser, no tools a tool parser would parse, no logprobs to resolve; ``None`` otherwise
     (docs/tokens-pipeline.md)."""
-    check = svc.tokens_checks.get(id(req.model))
+    check = req.runtime.tokens_check
     if check is None or check.vocabulary is None:
         return None
     sampling = generate.get("sampling_params") or {}
@@ -184,7 +184,7 @@ def _logprob_tokenizer(svc: TurnServices, req: TurnRequest) -> Tokenizer | None:
     """The tokenizer that fills in streamed logprobs the render server's parsed path leaves
     out; none when the client hides reasoning (vLLM then sends no logprobs: their tokens
     would show the reasoning) or no tokenizer here agrees with the server's."""
-    check = svc.tokens_checks.get(id(req.model))
+    check = req.runtime.tokens_check
     if check is None or check.vocabulary is None or req.body.get("include_reasoning") is False:
         return None
     return check.vocabulary.tokenizer

@@ -318,7 +318,7 @@ async def run(schedule: Schedule) -> Run:
     async with app.lifespan():
         services = app.state.services
         if schedule.names_known:  # the router asks the engines' served name in the background
-            await until(lambda: bool(services.model_names), "the served model's name")
+            await until(lambda: all(r.name for r in services.models), "the served model's name")
         history: list[dict[str, Any]] = []
         for index, turn in enumerate(schedule.turns):
             messages = _messages(history, index, turn.odd_part)

@@ -133,7 +133,7 @@ async def test_a_replica_whose_clock_runs_ahead_fences_no_turn_that_began_after_
     ):
         for app in (ahead, behind):
             services = app.state.services
-            await until(lambda s=services: bool(s.model_names), "the served model's name")
+            await until(lambda s=services: all(r.name for r in s.models), "the model's name")
         history: list[dict[str, Any]] = []
         paths = []
         for index in range(3):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -18,7 +19,9 @@ from carryover.router.fields import (
     reuse_blockers,
 )
 from carryover.router.openai import parse_body
-from carryover.router.render.backends import EngineTokenize
+from carryover.router.render.backends import EngineTokenize, Renderer
+from carryover.router.turn.api import engine_api
+from carryover.router.turn.runtime import ModelRuntime
 
 # The fields of ChatCompletionRequest and CompletionRequest in vLLM 0.33.0
 # (vllm/entrypoints/openai/chat_completion/protocol.py, .../completion/protocol.py).
@@ -273,7 +276,8 @@ def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bo
     body["min_tokens"] = 2  # known, but P's one token cannot honour it
     assert all(table[name] is kind for kind, name in sample.items())
     model = ModelConfig(decode=[InstanceConfig("http://d:1")], prefill=[])
-    req = TurnRequest(model, "m", None, body, chat, False, False, "r", 1)
+    runtime = ModelRuntime(model, 0, cast(Renderer, None), engine_api(model))
+    req = TurnRequest(runtime, "m", None, body, chat, False, False, "r", 1)
     p = prefill_body(req, [1, 2, 3], {"do_remote_decode": True})
     d = decode_body(req, [1, 2, 3], None)
     for name in sample.values():

@@ -110,16 +110,21 @@ def test_a_model_name_the_engines_have_not_confirmed_is_never_a_label() -> None:
     from typing import cast
 
     from carryover.router.http.services import Services, conversation_key, resolve_model
+    from carryover.router.render.backends import Renderer
+    from carryover.router.turn.api import engine_api
     from carryover.router.turn.model import TurnRequest
+    from carryover.router.turn.runtime import ModelRuntime, Models
 
     config = load_config(["--prefill", "http://p:1", "--decode", "http://d:1"], environ={})
-    services = cast(Services, SimpleNamespace(config=config, model_names={}))
+    (model,) = config.models
+    runtime = ModelRuntime(model, 0, cast(Renderer, None), engine_api(model))
+    services = cast(Services, SimpleNamespace(config=config, models=Models([runtime])))
     resolved = resolve_model(services, "attacker-model-17")
     assert (resolved.name, resolved.known) == ("attacker-model-17", False)
     key = conversation_key("t", resolved, "c1")
     assert key.model == "default"
     req = TurnRequest(
-        resolved.model,
+        resolved.runtime,
         resolved.name,
         key,
         {},
@@ -131,6 +136,6 @@ def test_a_model_name_the_engines_have_not_confirmed_is_never_a_label() -> None:
         model_name_known=resolved.known,
     )
     assert req.model_label == ""
-    services.model_names[id(config.models[0])] = "served"
+    runtime.name = "served"
     known = resolve_model(services, "served")
     assert known.known and conversation_key("t", known, "c1").model == "served"

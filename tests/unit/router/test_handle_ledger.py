@@ -61,8 +61,10 @@ async def router(
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client,
     ):
         await eventually(lambda: client.get("/ready"), lambda r: r.status_code == 200, what="ready")
-        names = app.state.services.model_names
-        await eventually(lambda: _async(names), bool, what="the model's name from P")
+        models = app.state.services.models
+        await eventually(
+            lambda: _async([r.name for r in models if r.name]), bool, what="the model's name"
+        )
         yield app, client
     assert_ledger_balanced(app)
 

@@ -230,8 +230,8 @@ async def test_a_committed_answer_is_tokenized_before_the_next_turn_needs_it() -
     )
     app = create_app(config, transport=FakeFleet(p, d), seed=0)
     async with AsyncTestClient(app=app) as client:
-        runner = app.state.services.runner
-        spans = runner._svc.renderer(config.models[0])._template.spans
+        (runtime,) = app.state.services.models
+        spans = runtime.renderer._template.spans
         body = {"messages": history(1), "conversation_id": "w1"}
         assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
         # The warm-up runs after the answer went out: wait for it (the app has its own loop).
