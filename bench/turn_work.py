@@ -69,7 +69,7 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
     ids: list[int] = timed("render", lambda: template.encode(template.render_text(history)))
     hashed = timed("store hashes", lambda: HashedTokens(ids, chunk_size_for(16)))
     timed("index keys", lambda: Prompt(ids, packed=hashed.packed).keys(16))
-    runtime = ModelRuntime(_MODEL, 0, cast(Renderer, None), engine_api(_MODEL))
+    runtime = ModelRuntime(_MODEL, cast(Renderer, None), engine_api(_MODEL))
     req = TurnRequest(runtime, "m", None, body, True, True, False, "r", None)
     ids_json: bytes = timed("ids JSON", lambda: _encoder.encode(ids))
     handle = {"do_remote_decode": True, "remote_block_ids": [list(range(len(ids) // 16))]}

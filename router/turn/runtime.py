@@ -23,7 +23,6 @@ class ModelRuntime:
     (``router/http/readiness.py`` learns it); ``served``: every id the engines list."""
 
     config: ModelConfig
-    position: int  # in the configuration: the metrics' label until the name is known
     renderer: Renderer
     api: EngineApi
     tokens_check: TokensCheck | None = None  # tokens-only models: the render server's verdict
@@ -49,12 +48,11 @@ class Models:
         cls, models: Sequence[ModelConfig], renderers: Sequence[Renderer], upstream: Upstream
     ) -> Models:
         runtimes = []
-        for position, (model, renderer) in enumerate(zip(models, renderers, strict=True)):
+        for model, renderer in zip(models, renderers, strict=True):
             tokens = model.tokens_only and model.render.url is not None
             runtimes.append(
                 ModelRuntime(
                     model,
-                    position,
                     renderer,
                     engine_api(model),
                     tokens_check=TokensCheck() if model.tokens_only else None,

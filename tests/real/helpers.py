@@ -172,19 +172,26 @@ def salted() -> dict[str, Any]:
 INDEX_BLOCKS = "carryover_kv_index_blocks{{server={name}}}"
 
 
-async def forget_prefill_cache(
-    client: httpx.AsyncClient, p_url: str, router_url: str, model: str = SERVED_NAME
-) -> None:
-    """P's prefix cache emptied (dev mode's ``/reset_prefix_cache``) and the router's index
-    told so (vLLM's ``AllBlocksCleared``): the next routed turn's P holds nothing of the
-    conversation, pulls exactly what the handle covers, and the router knows a pull pays."""
+async def reset_prefix_cache(client: httpx.AsyncClient, url: str) -> None:
+    """An engine's prefix cache emptied (dev mode's ``/reset_prefix_cache``). vLLM refuses
+    the reset while any block is held (P's, until D has read them); sent twice, a reset
+    changes nothing more than sent once."""
     await eventually(
-        lambda: client.post(p_url + "/reset_prefix_cache", extensions=SAFE_TO_RESEND),
-        lambda r: r.json()["success"] is True,  # refused while D still reads P's blocks
-        what="P reset its prefix cache",
+        lambda: client.post(url + "/reset_prefix_cache", extensions=SAFE_TO_RESEND),
+        lambda r: r.json()["success"] is True,
+        what="the engine reset its prefix cache",
         timeout=120,
         interval=0.2,
     )
+
+
+async def forget_prefill_cache(
+    client: httpx.AsyncClient, p_url: str, router_url: str, model: str = SERVED_NAME
+) -> None:
+    """P's prefix cache emptied and the router's index told so (vLLM's
+    ``AllBlocksCleared``): the next routed turn's P holds nothing of the conversation, pulls
+    exactly what the handle covers, and the router knows a pull pays."""
+    await reset_prefix_cache(client, p_url)
     # vLLM publishes events when its engine steps: a request shorter than a block makes it
     # step (and send AllBlocksCleared) and stores no block of its own.
     r = await client.post(

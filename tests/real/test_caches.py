@@ -20,17 +20,18 @@ from tests.real.helpers import (
     BLOCK,
     COMPUTED,
     HITS,
+    INDEX_BLOCKS,
     PULLED,
     SERVED_NAME,
     completion,
     first_prompt,
+    reset_prefix_cache,
     salted,
     same_output,
     text,
     tokenize,
     urls,
 )
-from tests.support.http import SAFE_TO_RESEND
 from tests.support.metrics import ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.secrets import register
@@ -39,7 +40,6 @@ from tests.support.waiting import eventually
 pytestmark = [pytest.mark.real, pytest.mark.engines("pd")]
 
 SAID = "carryover_kv_cached_tokens_total{{leg={leg}}}"
-BLOCKS = "carryover_kv_index_blocks{{server={name}}}"
 
 
 def name(url: str) -> str:
@@ -64,7 +64,8 @@ async def first_turn(
     await eventually(
         lambda: ascrape(client, router.url),
         lambda m: all(
-            m.get(BLOCKS.format(name=n), 0) >= before.get(BLOCKS.format(name=n), 0) + blocks
+            m.get(INDEX_BLOCKS.format(name=n), 0)
+            >= before.get(INDEX_BLOCKS.format(name=n), 0) + blocks
             for n, blocks in held.items()
         ),
         what="the index holds both engines' blocks of the first turn",
@@ -121,18 +122,10 @@ async def test_reset_prefix_cache_empties_the_index_of_p(
     p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
     prompt, _ = await first_turn(client, real_router, vllm_pair, nonce, words=120)
-    blocks = BLOCKS.format(name=name(p_url))
+    blocks = INDEX_BLOCKS.format(name=name(p_url))
     held = (await ascrape(client, real_router.url))[blocks]
 
-    # vLLM refuses the reset while any block is held (P's until D has read them). Sent twice,
-    # a reset changes nothing more than sent once.
-    await eventually(
-        lambda: client.post(p_url + "/reset_prefix_cache", extensions=SAFE_TO_RESEND),
-        lambda r: r.json()["success"] is True,
-        what="P reset its prefix cache",
-        timeout=120,
-        interval=1.0,
-    )
+    await reset_prefix_cache(client, p_url)
     p_before = await ascrape(client, p_url)
     r = await completion(client, real_router.url, prompt, conversation=uuid.uuid4().hex[:8])
     assert r.status_code == 200, r.text

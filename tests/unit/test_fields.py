@@ -276,7 +276,7 @@ def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bo
     body["min_tokens"] = 2  # known, but P's one token cannot honour it
     assert all(table[name] is kind for kind, name in sample.items())
     model = ModelConfig(decode=[InstanceConfig("http://d:1")], prefill=[])
-    runtime = ModelRuntime(model, 0, cast(Renderer, None), engine_api(model))
+    runtime = ModelRuntime(model, cast(Renderer, None), engine_api(model))
     req = TurnRequest(runtime, "m", None, body, chat, False, False, "r", 1)
     p = prefill_body(req, [1, 2, 3], {"do_remote_decode": True})
     d = decode_body(req, [1, 2, 3], None)

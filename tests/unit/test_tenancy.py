@@ -117,7 +117,7 @@ def test_a_model_name_the_engines_have_not_confirmed_is_never_a_label() -> None:
 
     config = load_config(["--prefill", "http://p:1", "--decode", "http://d:1"], environ={})
     (model,) = config.models
-    runtime = ModelRuntime(model, 0, cast(Renderer, None), engine_api(model))
+    runtime = ModelRuntime(model, cast(Renderer, None), engine_api(model))
     services = cast(Services, SimpleNamespace(config=config, models=Models([runtime])))
     resolved = resolve_model(services, "attacker-model-17")
     assert (resolved.name, resolved.known) == ("attacker-model-17", False)
