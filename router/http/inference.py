@@ -33,7 +33,7 @@ from carryover.router.http.services import (
 from carryover.router.openai import ChatView, parse_body
 from carryover.router.tenants.salt import check_client_salt
 from carryover.router.turn import TurnRequest
-from carryover.router.turn.model import LegChoice
+from carryover.router.turn.placement import LegChoice
 
 __all__ = ["chat_completions", "completions", "models"]
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import logging
 
-from carryover.router.fleet.instance import Instance, streams_handles
+from carryover.router.fleet.instance import streams_handles
 from carryover.router.fleet.pressure import keeps_new_pins
 from carryover.router.handles.fates import Event
 from carryover.router.handles.ledger import Origin, Stage
 from carryover.router.outcomes import NoHandleCause, ReleaseCause
 from carryover.router.relay import DecodeOutput
-from carryover.router.turn.model import Prepared, TurnRequest
+from carryover.router.turn.model import Prepared, Started, TurnRequest
 from carryover.router.turn.prefill_answer import same_ids
+from carryover.router.turn.release import target
 from carryover.router.turn.services import TurnServices
+from carryover.router.turn.timing import timed
 from carryover.state import (
     Committed,
     HashedTokens,
@@ -32,11 +34,11 @@ async def commit(
     req: TurnRequest,
     prepared: Prepared,
     output: DecodeOutput,
-    decode: Instance,
-    prefill: Instance | None,
+    started: Started,
     *,
     streamed: bool,
 ) -> None:
+    decode = started.decode
     handle = output.handle
     if not isinstance(handle, dict) or not handle.get("do_remote_decode"):
         if output.no_handle is not None:  # the engine API knew why
@@ -49,8 +51,8 @@ async def commit(
             cause = NoHandleCause.NONE_RETURNED
         svc.metrics.no_handle.labels(cause).inc()
         return
-    held = svc.hold(req, Origin.DECODED, handle)
-    refused = _not_storable(req, prepared, output, decode)
+    held = svc.ledger.hold(Origin.DECODED, handle, target(req.runtime, req.model_name))
+    refused = _not_storable(req, prepared, output, started)
     if refused is not None:
         svc.ledger.settle(held, Event.NOT_STORABLE, refused)
         return
@@ -86,7 +88,7 @@ async def commit(
         handle=handle,
         decode=decode.name,
         decode_epoch=decode.epoch,
-        prefill=prefill.name if prefill is not None else None,
+        prefill=started.prefill.name if started.prefill is not None else None,
         block_size=block_size,
         prefix=sequence.prefix(tokens, output_start=len(ids)),
         created_at=now,
@@ -95,7 +97,7 @@ async def commit(
     )
     svc.ledger.move(held, Stage.WRITING)
     try:
-        with svc.leg(req, "commit"):
+        with timed(svc.metrics, req, "commit"):
             committed = await svc.store.commit(
                 req.key, record, now=now, running_for=req.running_for
             )
@@ -108,7 +110,9 @@ async def commit(
         return
     svc.ledger.settle(held, written_event(committed))
     if committed.written and req.chat and output.content:
-        svc.warm_later(req, output.content)  # the next turn will send this answer back
+        # The next turn will send this answer back: the renderer tokenizes its span now, off
+        # that turn's time to first token (docs/rendering.md).
+        svc.background.run(_warm_renderer(req, output.content))
     release_replaced(svc, req, committed)
 
 
@@ -119,8 +123,17 @@ def written_event(committed: Committed) -> Event:
     return Event.WRITTEN if committed.written else Event.SUPERSEDED
 
 
+async def _warm_renderer(req: TurnRequest, answer: str) -> bool:
+    try:
+        await req.runtime.renderer.warm(req.body, answer)
+    except Exception:  # a warm-up that fails costs the next turn's speed only
+        log.debug("render warm-up failed", exc_info=True)
+        return False
+    return True
+
+
 def _not_storable(
-    req: TurnRequest, prepared: Prepared, output: DecodeOutput, decode: Instance
+    req: TurnRequest, prepared: Prepared, output: DecodeOutput, started: Started
 ) -> ReleaseCause | None:
     """Why D's handle cannot be stored for the next turn, if it cannot."""
     if not req.reuses:
@@ -129,13 +142,15 @@ def _not_storable(
         return ReleaseCause.IDS_DO_NOT_DETERMINE_KV
     if prepared.ids is not None and not output.ran(prepared.ids, prepared.ids_json):
         # The record would describe the checked ids, the blocks hold what D ran.
-        log.warning("decode instance %s ran other prompt ids than were checked", decode.name)
+        log.warning(
+            "decode instance %s ran other prompt ids than were checked", started.decode.name
+        )
         return ReleaseCause.DECODE_PROMPT_MISMATCH
     ran = prepared.ids if prepared.ids is not None else output.prompt_ids
     if ran is None:
         return ReleaseCause.NO_PROMPT_IDS
     checked_json = prepared.ids_json if prepared.ids is not None else None
-    if prepared.prefill_ids is not None and not same_ids(prepared.prefill_ids, ran, checked_json):
+    if started.prefill_ran is not None and not same_ids(started.prefill_ran, ran, checked_json):
         # D's prompt KV came from P: computed from other ids than the record would say (a P
         # that ignores forwarded ids, or an unchecked turn P rendered differently).
         log.warning("a prefill instance ran other prompt ids than decode was given")
@@ -147,7 +162,9 @@ def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) 
     """A record overwritten before anyone claimed it: its handle was never sent, and nobody
     else will send it now. One the store withheld (not durable) is left to expire."""
     if committed.replaced is not None:
-        held = svc.hold(req, Origin.REPLACED, committed.replaced.handle)
+        held = svc.ledger.hold(
+            Origin.REPLACED, committed.replaced.handle, target(req.runtime, req.model_name)
+        )
         svc.ledger.settle(held, Event.GIVEN_BACK, ReleaseCause.REPLACED)
     elif committed.withheld:
         svc.ledger.lost(Origin.REPLACED, Event.NOT_DURABLE)

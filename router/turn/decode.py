@@ -29,12 +29,16 @@ from carryover.router.outcomes import RetryCause
 from carryover.router.relay import DecodeOutput, decode_answer
 from carryover.router.turn.commit import commit
 from carryover.router.turn.costs import decode_local_pays
-from carryover.router.turn.model import Prepared, Started, TurnPath, TurnRequest
-from carryover.router.turn.placement import cached_on, held_on_device, holding, note_choice
+from carryover.router.turn.model import PrefillOutcome, Prepared, Started, TurnRequest
+from carryover.router.turn.path import PathNote
+from carryover.router.turn.placement import LegChoice
 from carryover.router.turn.prefill import run_prefill
+from carryover.router.turn.release import target
 from carryover.router.turn.services import TurnServices
+from carryover.router.turn.timing import timed
+from carryover.state import Path, Plan, Reason
 
-__all__ = ["complete", "stream"]
+__all__ = ["complete", "start", "stream"]
 
 log = logging.getLogger("carryover.turn")
 
@@ -45,8 +49,6 @@ def _pick_decode(
     prepared: Prepared,
     tried: set[Instance],
     timed_out: set[Instance],
-    *,
-    note: bool = True,
 ) -> Instance:
     """The D holding most of the prompt (docs/kv-events.md), another than those tried if
     there is one, else one tried again: a retry after a dropped connection on the only D is
@@ -55,7 +57,7 @@ def _pick_decode(
     choose = functools.partial(
         pick_decode,
         rng=svc.rng,
-        held=holding(svc, prepared),
+        held=prepared.kv.holding(),
         last=prepared.record.decode if prepared.record is not None else None,
         affinity=svc.affinity,
     )
@@ -65,8 +67,6 @@ def _pick_decode(
         instance = choose([i for i in again if i in tried])
     if instance is None:
         raise EngineUnavailable(f"no healthy decode instance for {req.model_name}")
-    if note:
-        note_choice(svc, prepared, "decode", instance)
     return instance
 
 
@@ -78,15 +78,16 @@ def _decode_local(
     less than a P leg, D's running streams' stall counted (docs/turn-costs.md). D computes the
     rest from its own prefix cache; no P leg, no pull."""
     limit = req.model.decode_local_max_tokens
-    if limit <= 0 or svc.kv is None or not svc.kv.enabled or prepared.ids is None:
+    kv_view = prepared.kv
+    if limit <= 0 or kv_view.prompt is None or prepared.ids is None:
         return None
-    decode = _pick_decode(svc, req, prepared, tried, set(), note=False)
-    cached = cached_on(svc, prepared, decode)
+    decode = _pick_decode(svc, req, prepared, tried, set())
+    cached = kv_view.cached(decode)
     prompt = len(prepared.ids)
     if cached is None or cached.tokens == 0 or prompt - cached.tokens > limit:
         return None
     prefill_holds = max(
-        (held_on_device(svc, prepared, p) for p in svc.pool.available(req.model, "prefill")),
+        (kv_view.on_device(p) for p in svc.pool.available(req.model, "prefill")),
         default=0,
     )
     handle = prepared.plan.reused_tokens if prepared.plan.attaches_handle else 0
@@ -95,32 +96,52 @@ def _decode_local(
         prompt, cached.tokens, running, prefill_holds, handle, req.model.costs
     ):
         return None
-    note_choice(svc, prepared, "decode", decode)
     return decode
 
 
-async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Started:
+async def start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Started:
+    """Run attempts until one gets D's answer or first chunk: each a P leg (or none, when D
+    runs the turn alone) and a D leg; a D that fails is left for another, once, with what
+    the turn still holds after the attempt before."""
     tried: set[Instance] = set()
     timed_out: set[Instance] = set()
     last: UpstreamError | None = None
-    # A decode-local turn does not need the claimed handle; D's pin is released once D has
-    # answered (before that, the pinned blocks keep the history from being evicted).
-    unneeded: HeldHandle | None = None
+    plan = prepared.plan
+    notes: tuple[PathNote, ...] = ()
+    placed: dict[str, LegChoice] = {}
     for attempt in range(2):
         local = _decode_local(svc, req, prepared, tried) if attempt == 0 else None
+        # A decode-local turn does not need the claimed handle; D's pin is released once D
+        # has answered (before that, the pinned blocks keep the history from being evicted).
+        unneeded: HeldHandle | None = None
+        prefill = PrefillOutcome(None, None, None, plan, notes)
         if local is not None:
-            if prepared.plan.handle is not None and prepared.claimed is not None:
+            if plan.handle is not None and prepared.claimed is not None:
                 unneeded = prepared.claimed
                 svc.ledger.move(unneeded, Stage.DECODE_LOCAL)
-            prepared.spend_handle(TurnPath.DECODE_LOCAL)
-            p_instance, p_params, decode = None, None, local
+            plan, notes = _COLD, (*notes, PathNote.DECODE_LOCAL)
+            decode = local
         else:
-            p_instance, p_params = await run_prefill(svc, req, prepared)
+            prefill = await run_prefill(svc, req, prepared, plan, notes)
+            plan, notes = prefill.plan, prefill.notes
+            if prefill.choice is not None:
+                placed["prefill"] = prefill.choice
             decode = _pick_decode(svc, req, prepared, tried, timed_out)
-        path, body = req.runtime.api.decode(req, prepared, p_params)
+        placed["decode"] = prepared.kv.choice("decode", decode)
+        path, body = req.runtime.api.decode(req, prepared, prefill.params)
         url = f"{decode.url}{path}"
         held = contextlib.AsyncExitStack()
         lease = held.enter_context(svc.pool.lease(decode, req.tenant))
+        started = functools.partial(
+            Started,
+            decode,
+            prefill.instance,
+            lease,
+            held,
+            notes,
+            dict(placed),
+            prefill.ran,
+        )
         try:
             if req.stream:
                 response = await held.enter_async_context(
@@ -133,9 +154,10 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
                 )
                 events = response.events(svc.config.timeouts.first_byte)
                 first = await anext(events)
-                _release_unneeded(svc, unneeded)
-                return Started(decode, p_instance, lease, held, first=first, events=events)
-            with svc.leg(req, "decode", **{"carryover.instance": decode.name}):
+                if unneeded is not None:
+                    svc.ledger.settle(unneeded, Event.D_DONE)
+                return started(first=first, events=events)
+            with timed(svc.metrics, req, "decode", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
                     url,
                     body,
@@ -143,12 +165,13 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
                     headers=req.engine_headers,
                     decode=decode_answer,
                 )
-            _release_unneeded(svc, unneeded)
-            return Started(decode, p_instance, lease, held, answer=answer)
+            if unneeded is not None:
+                svc.ledger.settle(unneeded, Event.D_DONE)
+            return started(answer=answer)
         except (UpstreamError, StopAsyncIteration) as exc:
             await held.aclose()
-            _release_unneeded(svc, unneeded)
-            unneeded = None
+            if unneeded is not None:
+                svc.ledger.settle(unneeded, Event.D_DONE)
             if is_client_fault(exc):
                 raise
             error = exc if isinstance(exc, UpstreamError) else EngineFailed("empty stream")
@@ -157,7 +180,7 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
             tried.add(decode)
             if isinstance(exc, EngineTimeout):
                 timed_out.add(decode)
-            prepared.spend_handle()
+            plan, notes = _COLD, (*notes, PathNote.REUSE_LOST)
             last = error
             log.warning("decode attempt %d failed: %s", attempt + 1, error.message)
         except BaseException:  # cancelled (the client left): the lease and connection go too
@@ -167,13 +190,13 @@ async def _start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Sta
     raise last
 
 
-def _release_unneeded(svc: TurnServices, unneeded: HeldHandle | None) -> None:
-    if unneeded is not None:
-        svc.ledger.settle(unneeded, Event.D_DONE)
+#: What a turn holds once its handle went (or was lost): nothing to attach.
+_COLD = Plan(Path.COLD, Reason.NO_RECORD)
 
 
-async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> bytes:
-    started = await _start(svc, req, prepared)
+async def complete(
+    svc: TurnServices, req: TurnRequest, prepared: Prepared, started: Started
+) -> bytes:
     async with started.held:
         started.lease.succeeded()
         if not isinstance(started.answer, dict):
@@ -181,9 +204,7 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
     output.collect(started.answer)
     # D's handle is the router's from here: stored or released even if the client leaves.
-    await svc.to_the_end(
-        commit(svc, req, prepared, output, started.decode, started.prefill, streamed=False)
-    )
+    await svc.background.to_the_end(commit(svc, req, prepared, output, started, streamed=False))
     data = await req.runtime.api.answer(svc, req, prepared, started.answer, output)
     elapsed = time.monotonic() - req.started
     svc.metrics.e2e.labels("false").observe(elapsed)
@@ -192,16 +213,15 @@ async def complete(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> b
 
 
 async def stream(
-    svc: TurnServices, req: TurnRequest, prepared: Prepared
+    svc: TurnServices, req: TurnRequest, prepared: Prepared, started: Started
 ) -> AsyncGenerator[bytes, None]:
     """The client's SSE frames; ``[DONE]`` is not among them (the response adds it once the
     relay is over: after the commit, or after an error event)."""
-    started = await _start(svc, req, prepared)
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
     frames = req.runtime.api.frames(svc, req, prepared, started, output)
     # A span over the whole stream, first byte to [DONE].
     started.held.enter_context(
-        svc.leg(req, "decode", **{"carryover.instance": started.decode.name})
+        timed(svc.metrics, req, "decode", **{"carryover.instance": started.decode.name})
     )
     async with started.held:
         try:
@@ -233,7 +253,7 @@ async def stream(
             await frames.aclose()
         # D's handle is the router's from here: captured, stored or released even if the
         # client leaves now.
-        await svc.to_the_end(_finish_stream(svc, req, prepared, output, started))
+        await svc.background.to_the_end(_finish_stream(svc, req, prepared, output, started))
         elapsed = time.monotonic() - req.started
         svc.metrics.e2e.labels("true").observe(elapsed)
         svc.metrics.answered.labels(req.model_label, req.turn_label, "true").observe(elapsed)
@@ -243,7 +263,7 @@ async def _finish_stream(
     svc: TurnServices, req: TurnRequest, prepared: Prepared, output: DecodeOutput, started: Started
 ) -> None:
     await req.runtime.api.after_stream(svc, req, prepared, output, started.decode)
-    await commit(svc, req, prepared, output, started.decode, started.prefill, streamed=True)
+    await commit(svc, req, prepared, output, started, streamed=True)
 
 
 def _settle_unfinished(
@@ -253,4 +273,5 @@ def _settle_unfinished(
     or the client left): that turn is not stored, so its blocks are given back."""
     handle = output.handle
     if isinstance(handle, dict) and handle.get("do_remote_decode"):
-        svc.ledger.settle(svc.hold(req, Origin.DECODED, handle), event)
+        held = svc.ledger.hold(Origin.DECODED, handle, target(req.runtime, req.model_name))
+        svc.ledger.settle(held, event)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import msgspec
@@ -15,11 +15,12 @@ from carryover.router.config import ModelConfig
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.pool import Lease
 from carryover.router.handles.ledger import HeldHandle
-from carryover.router.kv.index import Cached, Prompt
 from carryover.router.metrics import turn_label
 from carryover.router.tracing import NO_TRACE, TurnTrace
+from carryover.router.turn.path import PathNote, TurnPath, final_path, reused_tokens
+from carryover.router.turn.placement import KvView, LegChoice
 from carryover.router.turn.prefill_answer import RanIds
-from carryover.state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
+from carryover.state import ConversationKey, HashedTokens, Plan, Record
 
 if TYPE_CHECKING:
     from carryover.router.turn.runtime import ModelRuntime
@@ -29,50 +30,18 @@ _encoder = msgspec.json.Encoder()
 __all__ = [
     "DONE_FRAME",
     "Leg",
+    "PrefillOutcome",
     "Prepared",
     "Relay",
     "Started",
     "TokensPrompt",
     "TurnOutcome",
-    "TurnPath",
     "TurnRequest",
-    "path_of",
 ]
 
 
 #: A request to one engine: its path and JSON body.
 Leg: TypeAlias = tuple[str, dict[str, Any]]
-
-
-class TurnPath(StrEnum):
-    """How a turn ran (``X-Carryover-Path``, the ``path`` label of metrics, logs)."""
-
-    REUSE = "reuse"  #: the whole stored handle
-    PARTIAL = "partial"  #: the handle cut to the blocks before a divergence
-    COLD_MISS = "cold-miss"  #: no record
-    #: no conversation id: nothing to keep or reuse (a turn of nothing)
-    NO_CONVERSATION = "no-conversation"
-    COLD_MISMATCH = "cold-mismatch"  #: nothing reusable: the handle was released
-    COLD_EXPIRED = "cold-expired"  #: the record's decode instance restarted, or it expired
-    COLD_ERROR = "cold-error"  #: store or render down, or P refused the handle
-    COLD_UNCHECKED = "cold-unchecked"  #: fields the engine applies itself: nothing checked
-    DECODE_LOCAL = "decode-local"  #: D held the prefix and the rest was short: no P leg
-    #: no handle, and P loads the start of the prompt from the model's warm tier (LMCache)
-    WARM = "warm"
-    #: P's own cache held all but a few of the handle's tokens: handle given back, P computed
-    PREFILL_CACHE = "prefill-cache"
-
-
-def path_of(plan_: Plan) -> TurnPath:
-    if plan_.path is Path.REUSE:
-        return TurnPath.REUSE
-    if plan_.path is Path.PARTIAL:
-        return TurnPath.PARTIAL
-    if plan_.path is Path.RELEASE or plan_.reason is Reason.BAD_HANDLE:
-        return TurnPath.COLD_MISMATCH
-    if plan_.reason in (Reason.EXPIRED, Reason.STALE_ENGINE):
-        return TurnPath.COLD_EXPIRED
-    return TurnPath.COLD_MISS
 
 
 @dataclass
@@ -149,79 +118,61 @@ class TokensPrompt:
 
 
 @dataclass(frozen=True)
-class LegChoice:
-    """The instance a leg chose, and what the KV-event index said of it (the turn's log
-    line): the prompt's leading tokens it held, and the most any candidate held (``None``:
-    no index, unchecked ids, or candidates not given)."""
-
-    instance: str
-    indexed: int | None = None
-    most_indexed: int | None = None
-
-
-@dataclass
 class Prepared:
-    """The checked prompt and what to do with the conversation's stored handle."""
+    """Prepare's outcome: the checked prompt, the claimed record and its plan, the path the
+    turn enters with. Nothing changes it; what the attempts did is in their outcomes."""
 
     ids: list[int] | None
     hashed: HashedTokens | None
     record: Record | None
-    plan: Plan
-    path: TurnPath
+    plan: Plan  # what to send P with the claimed handle, before any attempt
+    entry: TurnPath
+    kv: KvView  # the index's holdings of the prompt, looked up once a turn
     # False when the prompt's ids do not determine its KV (images, audio, embeddings): what D
     # holds at the end is then never stored for a later turn.
     storable: bool = True
-    kv_prompt: Prompt | None = None  # the ids' chain keys for the KV index, made on first use
-    cache_salt: str | None = None  # the turn's salt: the index's chains start from it
-    kv_cached: dict[str, Cached | None] = field(default_factory=dict)  # by instance, per turn
-    warm_cached: dict[str, int] = field(default_factory=dict)  # tokens held, by warm tier
     tokens: TokensPrompt | None = None  # tokens-only models only
-    planned_reuse: int = 0  # prompt tokens the plan's handle covers, if it is used
-    claimed: HeldHandle | None = (
-        None  # the claimed record's handle in the ledger (router/handles/ledger.py)
-    )
-    prefill_ids: RanIds | None = None  # the prompt ids P said it ran, when it says
-    placed: dict[str, LegChoice] = field(default_factory=dict)  # by leg: its last choice
-    _ids_json: bytes | None = None
+    claimed: HeldHandle | None = None  # the claimed record's handle in the ledger
 
-    @property
+    @functools.cached_property
     def ids_json(self) -> bytes:
         """The checked ids as JSON, encoded once a turn: both legs' bodies embed them and P's
         answer is compared with them (20k-token prompts: a third of a turn's encoding)."""
-        if self._ids_json is None:
-            self._ids_json = _encoder.encode(self.ids)
-        return self._ids_json
+        return _encoder.encode(self.ids)
 
     @property
     def ids_raw(self) -> msgspec.Raw | None:
         """The checked ids for a request body (``None``: unchecked)."""
         return None if self.ids is None else msgspec.Raw(self.ids_json)
 
-    @property
-    def reused_tokens(self) -> int:
-        """Prompt tokens P got from D's handle: the plan's, on the paths that used it."""
-        return self.planned_reuse if self.path in (TurnPath.REUSE, TurnPath.PARTIAL) else 0
 
-    def spend_handle(self, path: TurnPath = TurnPath.COLD_ERROR) -> None:
-        """The claimed handle was used or lost: later attempts run cold."""
-        self.plan = Plan(Path.COLD, Reason.NO_RECORD)
-        self.path = path
+@dataclass(frozen=True)
+class PrefillOutcome:
+    """The P leg's outcome: the P that answered (``None``: none could, D runs alone), its
+    dict for D and the ids it said it ran; what the turn still holds for a later attempt
+    (``plan``: cold once the handle went); what changed the turn's path, in order."""
 
-    def unsend(self, plan: Plan, path: TurnPath) -> None:
-        """The request that carried the handle never left (no connection): it is still ours."""
-        self.plan = plan
-        self.path = path
+    instance: Instance | None
+    params: dict[str, Any] | None
+    ran: RanIds | None
+    plan: Plan
+    notes: tuple[PathNote, ...]
+    choice: LegChoice | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Started:
-    """D has answered (``answer``) or begun streaming (``events`` after ``first``). ``held``
-    owns the lease on D and the connection, whatever ends the turn."""
+    """An attempt that got D's answer (``answer``) or its first chunk (``events`` after
+    ``first``): where it ran, what P ran, and the notes of every attempt of the turn.
+    ``held`` owns the lease on D and the connection, whatever ends the turn."""
 
     decode: Instance
     prefill: Instance | None
     lease: Lease
     held: contextlib.AsyncExitStack
+    notes: tuple[PathNote, ...]
+    placed: dict[str, LegChoice]  # by leg: its last choice
+    prefill_ran: RanIds | None = None  # the prompt ids P said it ran, when it says
     answer: Any = None
     first: bytes | None = None
     events: AsyncIterator[bytes] | None = None
@@ -244,7 +195,7 @@ class Relay:
         await self.rest.aclose()
 
 
-@dataclass
+@dataclass(frozen=True)
 class TurnOutcome:
     """What happened, decided once when the answer (or its first chunk) is ready: the
     metrics, the log line, the span and ``X-Carryover-Path`` all read this."""
@@ -258,7 +209,7 @@ class TurnOutcome:
     placed: dict[str, LegChoice] = field(default_factory=dict)  # by leg
 
     @classmethod
-    def of(cls, prepared: Prepared, **answer: Any) -> TurnOutcome:
+    def of(cls, prepared: Prepared, started: Started, **answer: Any) -> TurnOutcome:
         claimed = prepared.claimed
         if claimed is None:
             handle = "none"
@@ -266,11 +217,12 @@ class TurnOutcome:
             handle = "held"
         else:
             handle = f"{claimed.fate}:{claimed.cause}" if claimed.cause else str(claimed.fate)
+        path = final_path(prepared.entry, started.notes)
         return cls(
-            prepared.path,
+            path,
             prompt_tokens=len(prepared.ids) if prepared.ids is not None else None,
-            reused_tokens=prepared.reused_tokens,
+            reused_tokens=reused_tokens(path, prepared.plan),
             handle=handle,
-            placed=prepared.placed,
+            placed=started.placed,
             **answer,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
 from carryover.router.fleet.instance import Instance
@@ -14,59 +13,63 @@ from carryover.router.outcomes import RetryCause
 from carryover.router.turn import prefill_answer
 from carryover.router.turn.commit import release_replaced, written_event
 from carryover.router.turn.costs import pull_pays
-from carryover.router.turn.model import Prepared, TurnPath, TurnRequest
-from carryover.router.turn.placement import (
-    cached_on,
-    holding,
-    note_choice,
-    note_warm,
-    note_warm_stored,
-)
+from carryover.router.turn.model import PrefillOutcome, Prepared, TurnRequest
+from carryover.router.turn.path import PathNote, TurnPath, final_path
+from carryover.router.turn.placement import KvView
 from carryover.router.turn.prefill_answer import PrefillAnswer
 from carryover.router.turn.services import TurnServices
+from carryover.router.turn.timing import timed
 from carryover.state import Path, Plan, Reason, Record, StoreUnavailable, release_handle
 
 __all__ = ["run_prefill"]
 
 
 async def run_prefill(
-    svc: TurnServices, req: TurnRequest, prepared: Prepared
-) -> tuple[Instance | None, dict[str, Any] | None]:
-    """Run the P leg; ``(None, None)`` when no P could serve it (D then runs alone)."""
+    svc: TurnServices,
+    req: TurnRequest,
+    prepared: Prepared,
+    plan: Plan,
+    notes: tuple[PathNote, ...],
+) -> PrefillOutcome:
+    """Run the P leg with what the turn still holds (``plan``) after the attempts before
+    (``notes``); its outcome says whether a P answered (else D runs alone)."""
     tried: set[Instance] = set()
     last = prepared.record.prefill if prepared.record is not None else None
-    held = holding(svc, prepared, warm=True)
+    kv_view = prepared.kv
+    held = kv_view.holding(warm=True)
     # A conversation's first turn: its home P by its id (router/fleet/policy.py).
     home = (
         req.key.storage_key()
         if req.key is not None and req.turn == 1 and prepared.record is None
         else None
     )
-    with svc.leg(req, "prefill", **{"carryover.path": prepared.path}):
+    noted = list(notes)
+    path = final_path(prepared.entry, noted)
+    with timed(svc.metrics, req, "prefill", **{"carryover.path": path}):
         for _ in range(3):
             candidates = svc.pool.available(req.model, "prefill", tried)
             instance = pick_prefill(
                 candidates, svc.rng, held=held, last=last, affinity=svc.affinity, home=home
             )
             if instance is None:
-                return await _no_prefill(svc, req, prepared)
-            note_choice(svc, prepared, "prefill", instance, candidates)
-            planned, path_before = prepared.plan, prepared.path
-            _give_back_if_pull_wasted(svc, req, prepared, instance)
-            plan_ = prepared.plan
-            claimed = prepared.claimed if plan_.attaches_handle else None
-            kv = plan_.handle if plan_.handle is not None else {"do_remote_decode": True}
-            path, body = req.runtime.api.prefill(req, prepared, kv)
+                return await _no_prefill(svc, req, prepared, plan, noted)
+            choice = kv_view.choice("prefill", instance, candidates)
+            sent, wasted = _pull_or_give_back(req, kv_view, plan, instance)
+            claimed = prepared.claimed if sent.attaches_handle else None
+            kv = sent.handle if sent.handle is not None else {"do_remote_decode": True}
+            leg_path, body = req.runtime.api.prefill(req, prepared, kv)
+            attempt: list[PathNote] = [PathNote.PULL_WASTED] if wasted else []
             if claimed is not None:
                 # From here a client that leaves must not release it.
                 svc.ledger.move(claimed, Stage.SENT)
-                prepared.spend_handle(prepared.path)
-            else:
-                note_warm(svc, prepared, instance)
+            elif final_path(prepared.entry, noted) is not TurnPath.WARM and kv_view.loads_warm(
+                instance
+            ):
+                attempt.append(PathNote.WARM_LOADED)
             with svc.pool.lease(instance, req.tenant) as lease:
                 try:
                     answer: PrefillAnswer = await svc.upstream.post_json(
-                        f"{instance.url}{path}",
+                        f"{instance.url}{leg_path}",
                         body,
                         timeout=svc.config.timeouts.prefill,
                         headers=req.engine_headers,
@@ -79,7 +82,8 @@ async def run_prefill(
                     tried.add(instance)
                     if claimed is not None:
                         svc.ledger.move(claimed, Stage.CLAIMED)
-                        prepared.unsend(planned, path_before)
+                    else:
+                        noted += attempt
                     continue
                 except UpstreamError as exc:
                     if is_client_fault(exc):
@@ -88,24 +92,27 @@ async def run_prefill(
                             # may come from a proxy in front of a P that did.
                             svc.ledger.settle(claimed, _refusal(exc))
                         raise
-                    if claimed is not None and _rejected(exc):
-                        # A stale or expired handle: vLLM answers a fast 500. Not the
-                        # instance's fault (no verdict); retry cold, never with the handle.
-                        svc.metrics.retries.labels(RetryCause.PREFILL_HANDLE_REJECTED).inc()
-                        svc.ledger.settle(claimed, Event.P_REJECTED)
-                        prepared.path = TurnPath.COLD_ERROR
-                        continue
-                    lease.failed(exc)
-                    svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
+                    noted += attempt
                     if claimed is not None:
+                        plan = _COLD
+                        noted.append(PathNote.REUSE_LOST)
+                        if _rejected(exc):
+                            # A stale or expired handle: vLLM answers a fast 500. Not the
+                            # instance's fault (no verdict); retry cold, never with it.
+                            svc.metrics.retries.labels(RetryCause.PREFILL_HANDLE_REJECTED).inc()
+                            svc.ledger.settle(claimed, Event.P_REJECTED)
+                            continue
                         # P may have read the blocks: never released under it.
                         svc.ledger.settle(claimed, Event.P_FAILED)
-                        prepared.path = TurnPath.COLD_ERROR
+                    lease.failed(exc)
+                    svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
                     tried.add(instance)
                     continue
+                noted += attempt
                 if claimed is not None:
-                    if plan_.path is Path.RELEASE:  # it went with remote_num_tokens 0
-                        svc.ledger.settle(claimed, Event.P_FREED, str(plan_.reason))
+                    plan = _COLD  # the handle went: later attempts run cold
+                    if sent.path is Path.RELEASE:  # it went with remote_num_tokens 0
+                        svc.ledger.settle(claimed, Event.P_FREED, str(sent.reason))
                     else:
                         svc.ledger.settle(claimed, Event.P_READ)
                 params = answer.kv_transfer_params
@@ -119,34 +126,37 @@ async def run_prefill(
                     tried.add(instance)
                     continue
                 lease.succeeded()
-                prepared.prefill_ids = answer.ran()
                 svc.metrics.prefilled.labels(req.model_label, req.turn_label).observe(
                     time.monotonic() - req.started
                 )
                 if claimed is None:
-                    note_warm_stored(svc, prepared, instance)
-                return instance, params
-        return await _no_prefill(svc, req, prepared)
+                    kv_view.warm_stored(instance)
+                return PrefillOutcome(instance, params, answer.ran(), plan, tuple(noted), choice)
+        return await _no_prefill(svc, req, prepared, plan, noted)
 
 
-def _give_back_if_pull_wasted(
-    svc: TurnServices, req: TurnRequest, prepared: Prepared, instance: Instance
-) -> None:
-    """Where the chosen P's own cache holds all but a few of the handle's tokens (the index
-    says), a pull costs more than computing them: the handle goes to P with
-    ``remote_num_tokens`` 0, so D frees its blocks and P computes (docs/turn-costs.md)."""
-    plan_ = prepared.plan
-    if plan_.path not in (Path.REUSE, Path.PARTIAL) or plan_.handle is None:
-        return
-    cached = cached_on(svc, prepared, instance)
+#: What a turn holds once its handle went (or was lost): nothing to attach.
+_COLD = Plan(Path.COLD, Reason.NO_RECORD)
+
+
+def _pull_or_give_back(
+    req: TurnRequest, kv_view: KvView, plan: Plan, instance: Instance
+) -> tuple[Plan, bool]:
+    """What goes to ``instance``, and whether the pull was given up: where its own cache
+    holds all but a few of the handle's tokens (the index says), a pull costs more than
+    computing them, so the handle goes with ``remote_num_tokens`` 0 (D frees its blocks, P
+    computes; docs/turn-costs.md)."""
+    if plan.path not in (Path.REUSE, Path.PARTIAL) or plan.handle is None:
+        return plan, False
+    cached = kv_view.cached(instance)
     if cached is None:  # nothing known of P: the handle goes
-        return
-    if pull_pays(cached.device_tokens, plan_.reused_tokens, req.model.costs):
-        return
-    prepared.plan = Plan(
-        Path.RELEASE, Reason.PULL_DOES_NOT_PAY, release_handle(plan_.handle), 0, plan_.common
+        return plan, False
+    if pull_pays(cached.device_tokens, plan.reused_tokens, req.model.costs):
+        return plan, False
+    given_back = Plan(
+        Path.RELEASE, Reason.PULL_DOES_NOT_PAY, release_handle(plan.handle), 0, plan.common
     )
-    prepared.path = TurnPath.PREFILL_CACHE
+    return given_back, True
 
 
 def _rejected(exc: UpstreamError) -> bool:
@@ -163,22 +173,23 @@ def _refusal(exc: UpstreamError) -> Event:
     return Event.P_UNPROVEN if status in _UNPROVEN else Event.P_REFUSED
 
 
-async def _no_prefill(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> tuple[None, None]:
+async def _no_prefill(
+    svc: TurnServices, req: TurnRequest, prepared: Prepared, plan: Plan, notes: list[PathNote]
+) -> PrefillOutcome:
     """No P could serve: D runs alone, or the turn is refused at once (config)."""
-    claimed = prepared.claimed if prepared.plan.attaches_handle else None
-    if claimed is not None:
-        prepared.spend_handle()
+    claimed = prepared.claimed if plan.attaches_handle else None
     if req.model.when_prefill_down == "fail":
         if claimed is not None and prepared.record is not None and req.key is not None:
             # Never sent: put it back, so the client's retry still reuses D's blocks. The
             # write owns the handle from here: a client leaving meanwhile changes nothing.
             svc.ledger.move(claimed, Stage.WRITING)
-            await svc.to_the_end(_put_back(svc, req, prepared.record, claimed))
+            await svc.background.to_the_end(_put_back(svc, req, prepared.record, claimed))
         raise EngineUnavailable(f"no healthy prefill instance for {req.model_name}")
-    if claimed is not None:
-        # D serves alone; a release goes through a P, and there is none.
-        svc.ledger.settle(claimed, Event.NO_PREFILL)
-    return None, None
+    if claimed is None:
+        return PrefillOutcome(None, None, None, plan, tuple(notes))
+    # D serves alone; a release goes through a P, and there is none.
+    svc.ledger.settle(claimed, Event.NO_PREFILL)
+    return PrefillOutcome(None, None, None, _COLD, (*notes, PathNote.REUSE_LOST))
 
 
 async def _put_back(

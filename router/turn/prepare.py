@@ -14,8 +14,12 @@ from carryover.router.handles.ledger import Origin
 from carryover.router.outcomes import RetryCause
 from carryover.router.render.errors import RenderFailed
 from carryover.router.tokens.legs import mend_rendered
-from carryover.router.turn.model import Prepared, TokensPrompt, TurnPath, TurnRequest, path_of
+from carryover.router.turn.model import Prepared, TokensPrompt, TurnRequest
+from carryover.router.turn.path import entry_path
+from carryover.router.turn.placement import KvView
+from carryover.router.turn.release import target
 from carryover.router.turn.services import TurnServices
+from carryover.router.turn.timing import timed
 from carryover.state import (
     ConversationKey,
     HashedTokens,
@@ -47,9 +51,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         # the ids it returns: nothing is left for an engine to apply unchecked.
         tokens = await _render_tokens(svc, req)
         if tokens.generate.get("features") or tokens.generate.get("content_parts"):
-            prepared = await _prepare_unchecked(svc, req, [NON_TEXT_CONTENT])
-            prepared.tokens = tokens
-            return prepared
+            return await _prepare_unchecked(svc, req, [NON_TEXT_CONTENT], tokens)
         ids: list[int] | None = tokens.ids
     else:
         renders = req.runtime.renderer.renders if req.chat else _PROMPT_FIELD
@@ -64,44 +66,50 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         record, store_failed = await _claim(svc, req)
         if record is not None:
             svc.metrics.handle_age.observe(max(0.0, svc.clock() - record.created_at))
-        elif not store_failed:
-            _admit_new(svc, req)
+        elif not store_failed and svc.gate is not None:
+            # A new record: 429 when the tenant holds its limit (nothing claimed to settle).
+            svc.gate.admit_new(req.tenant)
     hashed = None
+    decided = Plan(Path.COLD, Reason.NO_RECORD)
     if ids is not None and use_state:
         chunk = record.prefix.chunk_size if record else chunk_size_for(req.model.block_size)
         hashed = HashedTokens(ids, chunk)
-    decided = _plan(svc, req, record, hashed)
-    if req.key is None:
-        path = TurnPath.NO_CONVERSATION
-    elif ids is None or store_failed or not req.model_name_known:
-        path = TurnPath.COLD_ERROR
-    else:
-        path = path_of(decided)
+        if record is not None:
+            settings = PlanSettings(
+                partial_reuse=req.model.partial_reuse,
+                recompute_threshold=req.model.kv_recompute_threshold,
+            )
+            epoch = svc.pool.epoch_of(record.decode)
+            decided = svc.planner(
+                record, hashed, now=svc.clock(), decode_epoch=epoch, settings=settings
+            )
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
-    claimed = svc.hold(req, Origin.CLAIMED, record.handle) if record is not None else None
+    claimed = (
+        svc.ledger.hold(Origin.CLAIMED, record.handle, target(req.runtime, req.model_name))
+        if record is not None
+        else None
+    )
     if claimed is not None and decided.handle is None:
         # Nothing of it goes to P: its blocks are gone, or about to be, or unreadable.
         dropped = _DROPPED.get(decided.reason) if decided.reason else None
         svc.ledger.settle(claimed, dropped or Event.UNREADABLE)
+    entry = entry_path(
+        decided,
+        conversation=req.key is not None,
+        checked=True,
+        state_known=ids is not None and not store_failed and req.model_name_known,
+    )
     return Prepared(
         ids,
         hashed,
         record,
         decided,
-        path,
+        entry,
+        KvView(svc.kv, ids, req.cache_salt, hashed),
         tokens=tokens,
-        planned_reuse=decided.reused_tokens,
         claimed=claimed,
-        cache_salt=req.cache_salt,
     )
-
-
-def _admit_new(svc: TurnServices, req: TurnRequest) -> None:
-    """The turn would start a new record: 429 when its tenant holds its limit already
-    (nothing was claimed, so nothing is left to settle)."""
-    if svc.gate is not None:
-        svc.gate.admit_new(req.tenant)
 
 
 #: Why a claimed record's handle goes nowhere, by the plan's reason for not attaching it.
@@ -116,9 +124,9 @@ async def _claim(svc: TurnServices, req: TurnRequest) -> tuple[Record | None, bo
     runs to its end even if the client leaves meanwhile: a record it took is then released
     (nobody will send it), and one it may have taken is left to expire."""
     assert req.key is not None
-    claim = svc.in_background(_claim_or_lost(svc, req.key))
+    claim = svc.background.run(_claim_or_lost(svc, req.key))
     try:
-        with svc.leg(req, "claim"):
+        with timed(svc.metrics, req, "claim"):
             return await asyncio.shield(claim)
     except asyncio.CancelledError:
         claim.add_done_callback(lambda done: _give_up(svc, req, done))
@@ -149,10 +157,13 @@ def _give_up(
         return
     record, _ = done.result()
     if record is not None:
-        svc.ledger.settle(svc.hold(req, Origin.CLAIMED, record.handle), Event.CLIENT_GONE)
+        held = svc.ledger.hold(Origin.CLAIMED, record.handle, target(req.runtime, req.model_name))
+        svc.ledger.settle(held, Event.CLIENT_GONE)
 
 
-async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list[str]) -> Prepared:
+async def _prepare_unchecked(
+    svc: TurnServices, req: TurnRequest, blockers: list[str], tokens: TokensPrompt | None = None
+) -> Prepared:
     """A turn with fields the engine must apply itself (router/fields.py): nothing is
     rendered or checked, no handle attached; the stored one is taken and released."""
     for name in blockers:
@@ -161,27 +172,26 @@ async def _prepare_unchecked(svc: TurnServices, req: TurnRequest, blockers: list
     if req.reuses:
         record, failed = await _claim(svc, req)
         if record is not None:
-            svc.ledger.settle(svc.hold(req, Origin.CLAIMED, record.handle), Event.UNCHECKED)
-        elif not failed:
-            _admit_new(svc, req)
+            held = svc.ledger.hold(
+                Origin.CLAIMED, record.handle, target(req.runtime, req.model_name)
+            )
+            svc.ledger.settle(held, Event.UNCHECKED)
+        elif not failed and svc.gate is not None:
+            svc.gate.admit_new(req.tenant)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
-    path = TurnPath.COLD_UNCHECKED
-    storable = not set(blockers) & _IDS_DO_NOT_DETERMINE_KV
-    return Prepared(None, None, None, Plan(Path.COLD, Reason.NO_RECORD), path, storable)
-
-
-def _plan(
-    svc: TurnServices, req: TurnRequest, record: Record | None, hashed: HashedTokens | None
-) -> Plan:
-    if record is None or hashed is None:
-        return Plan(Path.COLD, Reason.NO_RECORD)
-    settings = PlanSettings(
-        partial_reuse=req.model.partial_reuse,
-        recompute_threshold=req.model.kv_recompute_threshold,
+    cold = Plan(Path.COLD, Reason.NO_RECORD)
+    entry = entry_path(cold, conversation=req.key is not None, checked=False, state_known=False)
+    return Prepared(
+        None,
+        None,
+        None,
+        cold,
+        entry,
+        KvView(None, None, None, None),
+        storable=not set(blockers) & _IDS_DO_NOT_DETERMINE_KV,
+        tokens=tokens,
     )
-    epoch = svc.pool.epoch_of(record.decode)
-    return svc.planner(record, hashed, now=svc.clock(), decode_epoch=epoch, settings=settings)
 
 
 async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
@@ -192,7 +202,7 @@ async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
         raise EngineUnavailable(check.refusal)
     request = dict(req.body)
     request["model"] = req.model_name
-    with svc.leg(req, "render"):
+    with timed(svc.metrics, req, "render"):
         generate = mend_rendered(await req.runtime.render.render(request, chat=req.chat), req.body)
     if req.cache_salt is not None:
         generate["cache_salt"] = req.cache_salt  # whatever the render server copied
@@ -230,7 +240,7 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
             return prompt  # token ids are taken as they are
     renderer = req.runtime.renderer
     candidates: list[Instance | None] = [*svc.pool.available(req.model, "prefill")] or [None]
-    with svc.leg(req, "render"):
+    with timed(svc.metrics, req, "render"):
         for attempt, instance in enumerate(candidates[:2]):
             url = instance.url if instance is not None else None
             try:

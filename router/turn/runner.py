@@ -24,9 +24,10 @@ from carryover.router.kv.service import KvEvents
 from carryover.router.metrics import RouterMetrics
 from carryover.router.outcomes import ReleaseCause
 from carryover.router.tenants.limits import TenantGate
-from carryover.router.turn.decode import complete, stream
+from carryover.router.turn.decode import complete, start, stream
 from carryover.router.turn.model import Relay, TurnOutcome, TurnRequest
 from carryover.router.turn.prepare import prepare
+from carryover.router.turn.release import target
 from carryover.router.turn.runtime import ModelRuntime
 from carryover.router.turn.services import Planner, TurnServices
 from carryover.state import Store, plan
@@ -66,15 +67,18 @@ class TurnRunner:
         svc = self._svc
         prepared = await prepare(svc, req)
         try:
+            # P leg + D's answer or first chunk: errors here are HTTP errors, and the path is
+            # final from here.
+            started = await start(svc, req, prepared)
             if req.stream:
-                chunks = stream(svc, req, prepared)
-                # P leg + D's first chunk: errors are HTTP errors. A stream with no frame
-                # at all (D's first event its [DONE]) is over, committed, and sends [DONE].
+                chunks = stream(svc, req, prepared, started)
+                # A stream with no frame at all (D's first event its [DONE]) is over,
+                # committed, and sends [DONE].
                 first = await anext(chunks, b"")
-                outcome = TurnOutcome.of(prepared, chunks=Relay(first, chunks))
+                outcome = TurnOutcome.of(prepared, started, chunks=Relay(first, chunks))
             else:
-                body = await complete(svc, req, prepared)  # the path is final once D answered
-                outcome = TurnOutcome.of(prepared, body=body)
+                body = await complete(svc, req, prepared, started)
+                outcome = TurnOutcome.of(prepared, started, body=body)
         except BaseException as exc:
             # The client left, or the turn failed: a claimed handle the stages did not settle
             # meets the fate its stage has for that (router/handles/fates.py).
@@ -101,13 +105,12 @@ class TurnRunner:
         """Free D's blocks of a handle taken outside a turn (DELETE, pressure relief) now."""
         ledger = self._svc.ledger
         released = ledger.settle(
-            ledger.hold(origin, handle, (runtime, model_name)), Event.GIVEN_BACK, cause
+            ledger.hold(origin, handle, target(runtime, model_name)), Event.GIVEN_BACK, cause
         )
         return await released if released is not None else False
 
     async def drain_background(self) -> None:
-        if self._svc.background:
-            await asyncio.gather(*self._svc.background, return_exceptions=True)
+        await self._svc.background.drain()
 
 
 def _count(svc: TurnServices, req: TurnRequest, outcome: TurnOutcome) -> None:

@@ -27,6 +27,7 @@ from carryover.router.tokens.legs import (
 )
 from carryover.router.tokens.stream import Coalescer, derendered_stream
 from carryover.router.turn.model import Leg, Prepared, Started, TokensPrompt, TurnRequest
+from carryover.router.turn.timing import timed
 
 if TYPE_CHECKING:
     from carryover.router.turn.services import TurnServices
@@ -65,7 +66,7 @@ class TokensApi:
         # Called after the commit: the handle is stored even if derendering fails (the KV
         # is right), and the failure costs the answer only.
         tokens = _tokens(prepared)
-        with svc.leg(req, "derender"):
+        with timed(svc.metrics, req, "derender"):
             derendered = await req.runtime.render.derender(
                 answer, len(tokens.ids), tokens.request, chat=req.chat
             )
@@ -137,7 +138,7 @@ class TokensApi:
             return
         body = capture_request(tokens.generate, [*prepared.ids, *output.output_ids])
         try:
-            with svc.leg(req, "capture", **{"carryover.instance": decode.name}):
+            with timed(svc.metrics, req, "capture", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
                     f"{decode.url}{GENERATE_PATH}",
                     body,
