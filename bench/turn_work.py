@@ -29,12 +29,13 @@ from carryover.router.relay import DecodeOutput
 from carryover.router.render.backends import Renderer
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
 from carryover.router.turn.api import engine_api
-from carryover.router.turn.model import TurnRequest
-from carryover.router.turn.openai_api import decode_body, prefill_body
+from carryover.router.turn.model import Prepared, TurnRequest
+from carryover.router.turn.path import TurnPath
+from carryover.router.turn.placement import KvView
 from carryover.router.turn.prefill_answer import read as read_prefill_answer
 from carryover.router.turn.prefill_answer import same_ids
 from carryover.router.turn.runtime import ModelRuntime
-from carryover.state import HashedTokens, chunk_size_for
+from carryover.state import HashedTokens, Path, Plan, Reason, chunk_size_for
 
 STEPS = (
     "client body",
@@ -71,13 +72,14 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
     timed("index keys", lambda: Prompt(ids, packed=hashed.packed).keys(16))
     runtime = ModelRuntime(_MODEL, cast(Renderer, None), engine_api(_MODEL))
     req = TurnRequest(runtime, "m", None, body, True, True, False, "r", None)
-    ids_json: bytes = timed("ids JSON", lambda: _encoder.encode(ids))
+    cold = Plan(Path.COLD, Reason.NO_RECORD)
+    prepared = Prepared(ids, hashed, None, cold, TurnPath.COLD_MISS, KvView(None, None, None, None))
+    ids_json: bytes = timed("ids JSON", lambda: prepared.ids_json)
     handle = {"do_remote_decode": True, "remote_block_ids": [list(range(len(ids) // 16))]}
 
     def bodies() -> None:
-        raw_ids = msgspec.Raw(ids_json)
-        _encoder.encode(prefill_body(req, raw_ids, {"do_remote_decode": True}))
-        _encoder.encode(decode_body(req, raw_ids, handle))
+        _encoder.encode(req.runtime.api.prefill(req, prepared, {"do_remote_decode": True})[1])
+        _encoder.encode(req.runtime.api.decode(req, prepared, handle)[1])
 
     timed("legs' bodies", bodies)
     answer = _encoder.encode(

@@ -20,13 +20,13 @@ import xxhash
 
 from carryover.router.fleet.instance import Instance
 
-__all__ = ["Affinity", "pick_decode", "pick_prefill"]
+__all__ = ["Affinity", "Held", "nothing_known", "pick_decode", "pick_prefill"]
 
 #: Tokens of the prompt an instance holds, or ``None`` when nothing is known of it.
 Held = Callable[[Instance], int | None]
 
 
-def _nothing_known(_: Instance) -> int | None:
+def nothing_known(_: Instance) -> int | None:
     return None
 
 
@@ -67,7 +67,7 @@ def pick_decode(
     candidates: list[Instance],
     rng: random.Random,
     *,
-    held: Held = _nothing_known,
+    held: Held = nothing_known,
     last: str | None = None,
     affinity: Affinity = Affinity(),
 ) -> Instance | None:
@@ -95,7 +95,7 @@ def pick_prefill(
     candidates: list[Instance],
     rng: random.Random,
     *,
-    held: Held = _nothing_known,
+    held: Held = nothing_known,
     last: str | None = None,
     affinity: Affinity = Affinity(),
     home: str | None = None,

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from enum import StrEnum
 from typing import Any
 
-from carryover.router.handles.fates import Decision, Event, Fate, Stage, decide
+from carryover.router.handles.fates import Event, Fate, Stage, decide
 from carryover.router.metrics import RouterMetrics
 
 __all__ = ["Fate", "HandleLedger", "HeldHandle", "Origin", "Stage"]
@@ -139,12 +139,22 @@ class HandleLedger:
         decision, planned = decide(held.stage, event, detail)
         if not planned:
             self._error(held, f"met {event}: no row in the fate table")
-        if decision.fate is None:
+        fate, cause = decision.fate, decision.cause or ""
+        if fate is None:
             return None
-        if not self._record(held, decision):
+        if held.fate is not None:
+            self._error(held, f"to be {fate} ({cause})")
             return None
-        if decision.fate is Fate.RELEASED and not decision.carried and held.kv is not None:
-            return self._spawn(self._release(held))
+        held.fate = fate
+        held.cause = cause
+        self.open -= 1
+        self._metrics.handle_fates.labels(fate, cause).inc()
+        if fate is Fate.RELEASED:
+            self._metrics.releases.labels(cause).inc()
+            if not decision.carried and held.kv is not None:
+                return self._spawn(self._release(held))
+        elif fate is Fate.LEFT_TO_EXPIRE:
+            self._metrics.left_to_expire.labels(cause).inc()
         return None
 
     def lost(self, origin: Origin, event: Event, count: int = 1) -> None:
@@ -152,22 +162,6 @@ class HandleLedger:
         not durable), settled the moment they are known of."""
         for _ in range(count):
             self.settle(self.hold(origin, stage=Stage.UNKNOWN), event)
-
-    def _record(self, held: HeldHandle, decision: Decision) -> bool:
-        fate, cause = decision.fate, decision.cause or ""
-        assert fate is not None
-        if held.fate is not None:
-            self._error(held, f"to be {fate} ({cause})")
-            return False
-        held.fate = fate
-        held.cause = cause
-        self.open -= 1
-        self._metrics.handle_fates.labels(fate, cause).inc()
-        if fate is Fate.RELEASED:
-            self._metrics.releases.labels(cause).inc()
-        elif fate is Fate.LEFT_TO_EXPIRE:
-            self._metrics.left_to_expire.labels(cause).inc()
-        return True
 
     def _error(self, held: HeldHandle, what: str) -> None:
         self._metrics.ledger_errors.inc()

@@ -12,7 +12,6 @@ from carryover.router.outcomes import NoHandleCause, ReleaseCause
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.model import Prepared, Started, TurnRequest
 from carryover.router.turn.prefill_answer import same_ids
-from carryover.router.turn.release import target
 from carryover.router.turn.services import TurnServices
 from carryover.router.turn.timing import timed
 from carryover.state import (
@@ -51,7 +50,7 @@ async def commit(
             cause = NoHandleCause.NONE_RETURNED
         svc.metrics.no_handle.labels(cause).inc()
         return
-    held = svc.ledger.hold(Origin.DECODED, handle, target(req.runtime, req.model_name))
+    held = svc.ledger.hold(Origin.DECODED, handle, req.release_target)
     refused = _not_storable(req, prepared, output, started)
     if refused is not None:
         svc.ledger.settle(held, Event.NOT_STORABLE, refused)
@@ -162,9 +161,7 @@ def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) 
     """A record overwritten before anyone claimed it: its handle was never sent, and nobody
     else will send it now. One the store withheld (not durable) is left to expire."""
     if committed.replaced is not None:
-        held = svc.ledger.hold(
-            Origin.REPLACED, committed.replaced.handle, target(req.runtime, req.model_name)
-        )
+        held = svc.ledger.hold(Origin.REPLACED, committed.replaced.handle, req.release_target)
         svc.ledger.settle(held, Event.GIVEN_BACK, ReleaseCause.REPLACED)
     elif committed.withheld:
         svc.ledger.lost(Origin.REPLACED, Event.NOT_DURABLE)

@@ -33,7 +33,6 @@ from carryover.router.turn.model import PrefillOutcome, Prepared, Started, TurnR
 from carryover.router.turn.path import PathNote
 from carryover.router.turn.placement import LegChoice
 from carryover.router.turn.prefill import run_prefill
-from carryover.router.turn.release import target
 from carryover.router.turn.services import TurnServices
 from carryover.router.turn.timing import timed
 from carryover.state import Path, Plan, Reason
@@ -273,5 +272,5 @@ def _settle_unfinished(
     or the client left): that turn is not stored, so its blocks are given back."""
     handle = output.handle
     if isinstance(handle, dict) and handle.get("do_remote_decode"):
-        held = svc.ledger.hold(Origin.DECODED, handle, target(req.runtime, req.model_name))
+        held = svc.ledger.hold(Origin.DECODED, handle, req.release_target)
         svc.ledger.settle(held, event)

@@ -17,7 +17,7 @@ from carryover.router.fleet.pool import Lease
 from carryover.router.handles.ledger import HeldHandle
 from carryover.router.metrics import turn_label
 from carryover.router.tracing import NO_TRACE, TurnTrace
-from carryover.router.turn.path import PathNote, TurnPath, final_path, reused_tokens
+from carryover.router.turn.path import REUSED, PathNote, TurnPath, final_path
 from carryover.router.turn.placement import KvView, LegChoice
 from carryover.router.turn.prefill_answer import RanIds
 from carryover.state import ConversationKey, HashedTokens, Plan, Record
@@ -89,6 +89,11 @@ class TurnRequest:
         """The salt every engine request of the turn carries (router/tenants/salt.py)."""
         salt: str | None = self.body.get("cache_salt")
         return salt
+
+    @property
+    def release_target(self) -> tuple[ModelRuntime, str]:
+        """What a handle this turn holds is released through: its model and served name."""
+        return self.runtime, self.model_name
 
     @property
     def engine_headers(self) -> dict[str, str]:
@@ -221,7 +226,7 @@ class TurnOutcome:
         return cls(
             path,
             prompt_tokens=len(prepared.ids) if prepared.ids is not None else None,
-            reused_tokens=reused_tokens(path, prepared.plan),
+            reused_tokens=prepared.plan.reused_tokens if path in REUSED else 0,
             handle=handle,
             placed=started.placed,
             **answer,

@@ -4,7 +4,7 @@ with the checked ids, and D's answer goes to the client with the internal fields
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -16,7 +16,7 @@ from carryover.router.turn.model import Leg, Prepared, Started, TurnRequest
 if TYPE_CHECKING:
     from carryover.router.turn.services import TurnServices
 
-__all__ = ["OpenAIApi", "decode_body", "prefill_body"]
+__all__ = ["OpenAIApi"]
 
 # Fields the P leg must not carry: it generates exactly one token and never streams.
 _PREFILL_DROP = (
@@ -30,55 +30,42 @@ _PREFILL_DROP = (
 )
 
 
-#: The checked ids: a list, or the JSON of one (``Prepared.ids_raw``, encoded once a turn).
-Ids: TypeAlias = list[int] | msgspec.Raw
-
-
-def _with_ids(req: TurnRequest, body: dict[str, Any], kv: dict[str, Any], ids: Ids | None) -> None:
+def _with_ids(
+    req: TurnRequest, body: dict[str, Any], kv: dict[str, Any], ids: msgspec.Raw | None
+) -> dict[str, Any]:
+    """``body`` with its handle dict and the checked ids (``None``: unchecked): engines run
+    exactly those ids (docs/request-fields.md)."""
     if ids is not None:
         if req.chat:
-            kv["prompt_token_ids"] = (
-                ids  # engines run exactly the checked ids (docs/request-fields.md)
-            )
+            kv["prompt_token_ids"] = ids
         else:
             body["prompt"] = ids
     body["kv_transfer_params"] = kv
-
-
-def prefill_body(req: TurnRequest, ids: Ids | None, kv: dict[str, Any]) -> dict[str, Any]:
-    # An allow-list: P gets only the fields router/fields.py knows. A field vLLM adds later
-    # could make P render the prompt itself and cache D's pulled blocks under other ids,
-    # which other prompts would then hit; D, which never caches pulled blocks for others,
-    # keeps what the client sent (docs/request-fields.md).
-    known = CHAT_FIELDS if req.chat else COMPLETION_FIELDS
-    body = {k: v for k, v in req.body.items() if k in known and k not in _PREFILL_DROP}
-    body["model"] = req.model_name
-    body["max_tokens"] = 1
-    body["stream"] = False
-    body["return_token_ids"] = True  # the ids P ran: D's KV is computed from them
-    _with_ids(req, body, dict(kv), ids)
-    return body
-
-
-def decode_body(
-    req: TurnRequest, ids: Ids | None, p_params: dict[str, Any] | None
-) -> dict[str, Any]:
-    body = dict(req.body)
-    body["model"] = req.model_name
-    body["return_token_ids"] = True  # the ids D ran are the sequence its handle covers
-    # P's dict verbatim (never rewrite remote_host); no P: D computes alone and still returns
-    # a handle.
-    kv: dict[str, Any] = dict(p_params) if p_params is not None else {"do_remote_prefill": False}
-    _with_ids(req, body, kv, ids)
     return body
 
 
 class OpenAIApi:
     def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
-        return req.path, prefill_body(req, prepared.ids_raw, kv)
+        # An allow-list: P gets only the fields router/fields.py knows. A field vLLM adds
+        # later could make P render the prompt itself and cache D's pulled blocks under other
+        # ids, which other prompts would then hit; D, which never caches pulled blocks for
+        # others, keeps what the client sent (docs/request-fields.md).
+        known = CHAT_FIELDS if req.chat else COMPLETION_FIELDS
+        body = {k: v for k, v in req.body.items() if k in known and k not in _PREFILL_DROP}
+        body["model"] = req.model_name
+        body["max_tokens"] = 1
+        body["stream"] = False
+        body["return_token_ids"] = True  # the ids P ran: D's KV is computed from them
+        return req.path, _with_ids(req, body, dict(kv), prepared.ids_raw)
 
     def decode(self, req: TurnRequest, prepared: Prepared, p_params: dict[str, Any] | None) -> Leg:
-        return req.path, decode_body(req, prepared.ids_raw, p_params)
+        body = dict(req.body)
+        body["model"] = req.model_name
+        body["return_token_ids"] = True  # the ids D ran are the sequence its handle covers
+        # P's dict verbatim (never rewrite remote_host); no P: D computes alone and still
+        # returns a handle.
+        kv = dict(p_params) if p_params is not None else {"do_remote_prefill": False}
+        return req.path, _with_ids(req, body, kv, prepared.ids_raw)
 
     def release(self, model_name: str, kv: dict[str, Any]) -> Leg:
         body = {"model": model_name, "prompt": [0], "max_tokens": 1, "kv_transfer_params": kv}

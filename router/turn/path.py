@@ -12,7 +12,7 @@ from enum import StrEnum
 
 from carryover.state import Path, Plan, Reason
 
-__all__ = ["PathNote", "TurnPath", "entry_path", "final_path", "reused_tokens"]
+__all__ = ["REUSED", "PathNote", "TurnPath", "entry_path", "final_path"]
 
 
 class TurnPath(StrEnum):
@@ -32,6 +32,10 @@ class TurnPath(StrEnum):
     WARM = "warm"
     #: P's own cache held all but a few of the handle's tokens: handle given back, P computed
     PREFILL_CACHE = "prefill-cache"
+
+
+#: The paths on which P got the plan's tokens from D's handle.
+REUSED = frozenset({TurnPath.REUSE, TurnPath.PARTIAL})
 
 
 class PathNote(StrEnum):
@@ -87,8 +91,3 @@ def final_path(entry: TurnPath, notes: Iterable[PathNote]) -> TurnPath:
         elif path is not TurnPath.COLD_UNCHECKED:  # WARM_LOADED
             path = TurnPath.WARM
     return path
-
-
-def reused_tokens(path: TurnPath, plan: Plan) -> int:
-    """Prompt tokens P got from D's handle: the plan's, on the paths that used it."""
-    return plan.reused_tokens if path in (TurnPath.REUSE, TurnPath.PARTIAL) else 0

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from carryover.router.fleet.instance import Instance
-from carryover.router.fleet.policy import Held
+from carryover.router.fleet.policy import Held, nothing_known
 from carryover.router.kv.index import Cached, Prompt
 from carryover.router.kv.service import KvEvents
 from carryover.router.kv.warm import WarmOutcome
@@ -25,10 +25,6 @@ class LegChoice:
     instance: str
     indexed: int | None = None
     most_indexed: int | None = None
-
-
-def _unknown(_: Instance) -> int | None:
-    return None
 
 
 class KvView:
@@ -87,7 +83,7 @@ class KvView:
         """Tokens of the prompt each instance holds (all tiers), ``None`` when unknown.
         ``warm`` (the P leg): with what the model's warm tier holds while it is up."""
         if self.prompt is None:
-            return _unknown
+            return nothing_known
 
         def held(instance: Instance) -> int | None:
             cached = self.cached(instance)

@@ -37,11 +37,10 @@ class PrefillAnswer(msgspec.Struct):
     def ran(self) -> RanIds | None:
         """The prompt ids P ran, where D's answer carries them too (the answer's own, else
         choice 0's); ``None`` when P does not say."""
-        if _is_list(self.prompt_token_ids):
-            return RanIds(bytes(self.prompt_token_ids))
-        for choice in self.choices or ():
-            if choice.index == 0 and _is_list(choice.prompt_token_ids):
-                return RanIds(bytes(choice.prompt_token_ids))
+        chosen = (c.prompt_token_ids for c in self.choices or () if c.index == 0)
+        for raw in (self.prompt_token_ids, *chosen):
+            if memoryview(raw)[:1].tobytes() == b"[":  # an array, not absent or null
+                return RanIds(bytes(raw))
         return None
 
 
@@ -49,10 +48,6 @@ class RanIds(msgspec.Struct, frozen=True):
     """A JSON array of prompt ids, as P sent it."""
 
     json: bytes
-
-
-def _is_list(raw: msgspec.Raw) -> bool:
-    return memoryview(raw)[:1].tobytes() == b"["
 
 
 def same_ids(ran: RanIds, ids: list[int], ids_json: bytes | None = None) -> bool:

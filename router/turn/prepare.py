@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from carryover.router.errors import BadRequest, EngineUnavailable
 from carryover.router.fields import NON_TEXT_CONTENT, UNKNOWN_FIELD, reuse_blockers
@@ -17,7 +16,6 @@ from carryover.router.tokens.legs import mend_rendered
 from carryover.router.turn.model import Prepared, TokensPrompt, TurnRequest
 from carryover.router.turn.path import entry_path
 from carryover.router.turn.placement import KvView
-from carryover.router.turn.release import target
 from carryover.router.turn.services import TurnServices
 from carryover.router.turn.timing import timed
 from carryover.state import (
@@ -86,7 +84,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
     claimed = (
-        svc.ledger.hold(Origin.CLAIMED, record.handle, target(req.runtime, req.model_name))
+        svc.ledger.hold(Origin.CLAIMED, record.handle, req.release_target)
         if record is not None
         else None
     )
@@ -157,7 +155,7 @@ def _give_up(
         return
     record, _ = done.result()
     if record is not None:
-        held = svc.ledger.hold(Origin.CLAIMED, record.handle, target(req.runtime, req.model_name))
+        held = svc.ledger.hold(Origin.CLAIMED, record.handle, req.release_target)
         svc.ledger.settle(held, Event.CLIENT_GONE)
 
 
@@ -172,9 +170,7 @@ async def _prepare_unchecked(
     if req.reuses:
         record, failed = await _claim(svc, req)
         if record is not None:
-            held = svc.ledger.hold(
-                Origin.CLAIMED, record.handle, target(req.runtime, req.model_name)
-            )
+            held = svc.ledger.hold(Origin.CLAIMED, record.handle, req.release_target)
             svc.ledger.settle(held, Event.UNCHECKED)
         elif not failed and svc.gate is not None:
             svc.gate.admit_new(req.tenant)
@@ -217,20 +213,6 @@ async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
     return TokensPrompt(generate, request)
 
 
-def _template_body(req: TurnRequest) -> dict[str, Any]:
-    """The chat request as the template gets it: without its tools when ``tool_choice`` is
-    none and the engines leave them out then (vLLM's ``--exclude-tools-when-tool-choice-none``,
-    ``vllm/renderers/online_renderer.py``, ``render_chat``)."""
-    body = req.body
-    if (
-        req.model.render.exclude_tools_when_tool_choice_none
-        and body.get("tool_choice") == "none"
-        and "tools" in body
-    ):
-        return {key: value for key, value in body.items() if key != "tools"}
-    return body
-
-
 async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
     """The prompt ids, or ``None`` when the backend is down (the turn then runs without
     reuse: engines render themselves, nothing is checked, nothing is attached)."""
@@ -239,13 +221,22 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
         if isinstance(prompt, list):
             return prompt  # token ids are taken as they are
     renderer = req.runtime.renderer
+    body = req.body
+    if (
+        req.model.render.exclude_tools_when_tool_choice_none
+        and body.get("tool_choice") == "none"
+        and "tools" in body
+    ):
+        # The template gets no tools when the engines leave them out (vLLM's
+        # ``--exclude-tools-when-tool-choice-none``, ``vllm/renderers/online_renderer.py``).
+        body = {key: value for key, value in body.items() if key != "tools"}
     candidates: list[Instance | None] = [*svc.pool.available(req.model, "prefill")] or [None]
     with timed(svc.metrics, req, "render"):
         for attempt, instance in enumerate(candidates[:2]):
             url = instance.url if instance is not None else None
             try:
                 if req.chat:
-                    return await renderer.chat(_template_body(req), req.model_name, url)
+                    return await renderer.chat(body, req.model_name, url)
                 return await renderer.text(str(req.body.get("prompt")), req.model_name, url)
             except RenderFailed as exc:
                 log.warning("render failed (attempt %d): %s", attempt + 1, exc)

@@ -19,14 +19,9 @@ from carryover.state import release_handle
 if TYPE_CHECKING:
     from carryover.router.turn.runtime import ModelRuntime
 
-__all__ = ["Releaser", "target"]
+__all__ = ["Releaser"]
 
 log = logging.getLogger("carryover.turn")
-
-
-def target(runtime: ModelRuntime, model_name: str) -> tuple[ModelRuntime, str]:
-    """What a held handle is released through: its model's runtime and served name."""
-    return runtime, model_name
 
 
 class Releaser:
@@ -41,6 +36,7 @@ class Releaser:
         self._rng = rng
 
     async def __call__(self, held: HeldHandle) -> bool:
+        """Release ``held`` through its target (``TurnRequest.release_target``)."""
         assert held.kv is not None
         runtime, model_name = held.target
         return await self.release(runtime, model_name, held.kv)

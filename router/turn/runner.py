@@ -27,7 +27,6 @@ from carryover.router.tenants.limits import TenantGate
 from carryover.router.turn.decode import complete, start, stream
 from carryover.router.turn.model import Relay, TurnOutcome, TurnRequest
 from carryover.router.turn.prepare import prepare
-from carryover.router.turn.release import target
 from carryover.router.turn.runtime import ModelRuntime
 from carryover.router.turn.services import Planner, TurnServices
 from carryover.state import Store, plan
@@ -87,7 +86,15 @@ class TurnRunner:
                 gone = isinstance(exc, asyncio.CancelledError)
                 svc.ledger.settle(claimed, Event.CLIENT_GONE if gone else Event.TURN_FAILED)
             raise
-        _count(svc, req, outcome)
+        # The turn in the metrics, once, when its path is final: the one the client is told
+        # (``X-Carryover-Path``).
+        svc.metrics.turns.labels(req.model_label, outcome.path).inc()
+        if outcome.prompt_tokens is not None:
+            reused = outcome.reused_tokens
+            svc.metrics.prompt_tokens.labels(req.model_label, "reused").inc(reused)
+            svc.metrics.prompt_tokens.labels(req.model_label, "computed").inc(
+                outcome.prompt_tokens - reused
+            )
         return outcome
 
     @property
@@ -105,22 +112,9 @@ class TurnRunner:
         """Free D's blocks of a handle taken outside a turn (DELETE, pressure relief) now."""
         ledger = self._svc.ledger
         released = ledger.settle(
-            ledger.hold(origin, handle, target(runtime, model_name)), Event.GIVEN_BACK, cause
+            ledger.hold(origin, handle, (runtime, model_name)), Event.GIVEN_BACK, cause
         )
         return await released if released is not None else False
 
     async def drain_background(self) -> None:
         await self._svc.background.drain()
-
-
-def _count(svc: TurnServices, req: TurnRequest, outcome: TurnOutcome) -> None:
-    """The turn in the metrics, once, when its path is final: the one the client is told
-    (``X-Carryover-Path``). Until D answers, a plan can still change (P refuses the handle:
-    cold-error; the warm tier or D's own cache serves it: warm, decode-local)."""
-    svc.metrics.turns.labels(req.model_label, outcome.path).inc()
-    if outcome.prompt_tokens is not None:
-        reused = outcome.reused_tokens
-        svc.metrics.prompt_tokens.labels(req.model_label, "reused").inc(reused)
-        svc.metrics.prompt_tokens.labels(req.model_label, "computed").inc(
-            outcome.prompt_tokens - reused
-        )

@@ -15,12 +15,15 @@ if TYPE_CHECKING:
 __all__ = ["timed"]
 
 
-class _Timed:
-    """A class, not a generator: a turn times four or five steps."""
+class timed:
+    """Time one step of the turn: the leg histogram, and a span when tracing is on. A class,
+    not a generator: a turn times four or five steps."""
 
     __slots__ = ("_histogram", "_span", "_started")
 
-    def __init__(self, metrics: RouterMetrics, req: TurnRequest, name: str, attributes: Any):
+    def __init__(
+        self, metrics: RouterMetrics, req: TurnRequest, name: str, **attributes: Any
+    ) -> None:
         self._histogram = metrics.legs.labels(name)
         self._span: AbstractContextManager[None] = req.trace.leg(name, **attributes)
         self._started = 0.0
@@ -39,8 +42,3 @@ class _Timed:
             return self._span.__exit__(kind, exc, tb)
         finally:
             self._histogram.observe(time.perf_counter() - self._started)
-
-
-def timed(metrics: RouterMetrics, req: TurnRequest, name: str, **attributes: Any) -> _Timed:
-    """Time one step of the turn: the leg histogram, and a span when tracing is on."""
-    return _Timed(metrics, req, name, attributes)

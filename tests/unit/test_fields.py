@@ -262,8 +262,10 @@ def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bo
     """P's body is built from an allow-list (a field vLLM adds later could make P render the
     prompt itself); D's keeps every field. One field of each class, and one unknown."""
     from carryover.router.config import InstanceConfig, ModelConfig
-    from carryover.router.turn.model import TurnRequest
-    from carryover.router.turn.openai_api import decode_body, prefill_body
+    from carryover.router.turn.model import Prepared, TurnRequest
+    from carryover.router.turn.path import TurnPath
+    from carryover.router.turn.placement import KvView
+    from carryover.state import Path, Plan, Reason
 
     table = CHAT_FIELDS if chat else COMPLETION_FIELDS
     sample = {
@@ -278,8 +280,11 @@ def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bo
     model = ModelConfig(decode=[InstanceConfig("http://d:1")], prefill=[])
     runtime = ModelRuntime(model, cast(Renderer, None), engine_api(model))
     req = TurnRequest(runtime, "m", None, body, chat, False, False, "r", 1)
-    p = prefill_body(req, [1, 2, 3], {"do_remote_decode": True})
-    d = decode_body(req, [1, 2, 3], None)
+    cold = Plan(Path.COLD, Reason.NO_RECORD)
+    kv = KvView(None, None, None, None)
+    prepared = Prepared([1, 2, 3], None, None, cold, TurnPath.COLD_MISS, kv)
+    _, p = runtime.api.prefill(req, prepared, {"do_remote_decode": True})
+    _, d = runtime.api.decode(req, prepared, None)
     for name in sample.values():
         assert name in p and name in d
     assert "future_vllm_field" not in p and d["future_vllm_field"] is True
