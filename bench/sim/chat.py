@@ -109,6 +109,8 @@ def _arguments(raw: Any) -> dict[str, Any]:
         parsed = json.loads(raw) if isinstance(raw, str) and raw else {}
     except json.JSONDecodeError:
         return {}
+    except RecursionError as exc:  # vLLM answers such a request with a 400
+        raise SimRenderError("tool call arguments are nested too deeply") from exc
     return parsed if isinstance(parsed, dict) else {}
 
 

@@ -45,6 +45,10 @@ def parse_gauges(text: str) -> dict[str, float]:
                 values[KV_CAPACITY_TOKENS] = min(values.get(KV_CAPACITY_TOKENS, capacity), capacity)
             continue
         combine = _GAUGES.get(name)
+        if combine is operator.add and _label(line, "reason") is not None:
+            # A split of the total (vLLM publishes it as ``…_by_reason``; a split under the
+            # total's own name would count each request twice).
+            continue
         if combine is not None:
             try:
                 value = float(line.rsplit(" ", 1)[1])

@@ -157,7 +157,8 @@ async def _generate(
         key = conversation_key(tenant, resolved, conversation_id, client_salt)
     turn = None
     if isinstance(view, ChatView):
-        turn = sum(1 for m in view.messages if m.get("role") == "user")
+        # The Nth turn follows N - 1 answers: an agent loop's tool results are turns too.
+        turn = 1 + sum(1 for m in view.messages if m.get("role") == "assistant")
     request_id = headers.get("x-request-id") or _new_request_id()
     client_request_id = None
     if not _forwardable(request_id):

@@ -158,6 +158,8 @@ def _arguments(function: dict[str, Any]) -> dict[str, Any]:
         parsed = json.loads(value)
     except json.JSONDecodeError:
         return {}
+    except RecursionError as exc:  # vLLM answers such a request with a 400
+        raise RenderInputError("tool call arguments are nested too deeply") from exc
     return parsed if isinstance(parsed, dict) else {}
 
 

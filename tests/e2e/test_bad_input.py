@@ -86,6 +86,28 @@ async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
                 ("add_generation_prompt", False),
             )
         ),
+        (
+            # Tool-call arguments nested past any parser's depth: vLLM answers 400.
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                ]
+            },
+            400,
+            None,
+        ),
         *(
             (
                 {"messages": [{"role": "user", "content": "x"}], "cache_salt": salt},

@@ -7,19 +7,21 @@ from contextlib import asynccontextmanager
 from functools import cache
 from typing import Any
 
+from carryover.bench.sim.chat import SimTemplate
 from carryover.bench.sim.config import KVConnectorExtra, KVTransferConfig, SimConfig
 from carryover.bench.sim.kv_events import KVEventsSettings
 from carryover.bench.sim.server import SimServer
 from carryover.bench.sim.timing import Timing
-from carryover.router.render.chat_template import ChatTemplate
 from tests.support.ports import free_port
 
 MODEL = "sim-qwen3"
 
 
 @cache
-def qwen3() -> ChatTemplate:
-    return ChatTemplate.qwen3()
+def qwen3() -> SimTemplate:
+    """The simulated engines' own chat rendering (``bench/sim/chat.py``): it shares no code
+    with the router's, so a turn's checked ids are compared with an independent render."""
+    return SimTemplate.qwen3()
 
 
 def sim_config(

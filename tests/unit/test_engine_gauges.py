@@ -58,3 +58,18 @@ def test_each_rank_s_own_size_wins_over_blocks_summed_over_ranks() -> None:
         for rank in (0, 1)
     )
     assert parse_gauges(TWO_RANKS + info)[KV_CAPACITY_TOKENS] == 65536
+
+
+def test_waiting_split_by_reason_is_not_added_to_the_total() -> None:
+    """vLLM 0.32 and 0.33 publish the split as its own gauge,
+    ``vllm:num_requests_waiting_by_reason{reason=...}``, whose reasons sum to
+    ``vllm:num_requests_waiting`` (``vllm/v1/metrics/loggers.py``): the total is read once,
+    and a split written under the total's own name (a ``reason`` label on it) is not added."""
+    split = "".join(
+        f'vllm:num_requests_waiting_by_reason{{engine="{rank}",model_name="m",reason="{why}"}} '
+        f"{n}.0\n"
+        for rank, why, n in ((0, "capacity", 1), (1, "capacity", 3), (1, "deferred", 1))
+    )
+    assert parse_gauges(TWO_RANKS + split)["vllm:num_requests_waiting"] == 5.0
+    same_name = 'vllm:num_requests_waiting{engine="1",model_name="m",reason="deferred"} 1.0\n'
+    assert parse_gauges(TWO_RANKS + same_name)["vllm:num_requests_waiting"] == 5.0

@@ -273,3 +273,14 @@ def test_tools_pydantic_would_coerce_or_refuse_are_left_to_the_engine(tool: Any)
 def test_fields_of_another_type_than_the_request_models_are_left_to_the_engine(key: str) -> None:
     with pytest.raises(RenderDeclined):
         vllm_messages([{"role": "tool", "content": "t", key: 3}])
+
+
+def test_arguments_nested_past_the_parsers_depth_are_a_clear_refusal() -> None:
+    """A RecursionError would be a 500 with a traceback; vLLM answers such a request 400."""
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [call("[" * 5000 + "]" * 5000)]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"},
+    ]
+    with pytest.raises(RenderInputError, match="nested too deeply"):
+        vllm_messages(messages)
