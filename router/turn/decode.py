@@ -29,13 +29,12 @@ from carryover.router.outcomes import RetryCause
 from carryover.router.relay import DecodeOutput, decode_answer
 from carryover.router.turn.commit import commit
 from carryover.router.turn.costs import decode_local_pays
-from carryover.router.turn.model import PrefillOutcome, Prepared, Started, TurnRequest
+from carryover.router.turn.model import NOTHING_HELD, PrefillOutcome, Prepared, Started, TurnRequest
 from carryover.router.turn.path import PathNote
 from carryover.router.turn.placement import LegChoice
 from carryover.router.turn.prefill import run_prefill
 from carryover.router.turn.services import TurnServices
 from carryover.router.turn.timing import timed
-from carryover.state import Path, Plan, Reason
 
 __all__ = ["complete", "start", "stream"]
 
@@ -118,7 +117,7 @@ async def start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Star
             if plan.handle is not None and prepared.claimed is not None:
                 unneeded = prepared.claimed
                 svc.ledger.move(unneeded, Stage.DECODE_LOCAL)
-            plan, notes = _COLD, (*notes, PathNote.DECODE_LOCAL)
+            plan, notes = NOTHING_HELD, (*notes, PathNote.DECODE_LOCAL)
             decode = local
         else:
             prefill = await run_prefill(svc, req, prepared, plan, notes)
@@ -179,7 +178,7 @@ async def start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Star
             tried.add(decode)
             if isinstance(exc, EngineTimeout):
                 timed_out.add(decode)
-            plan, notes = _COLD, (*notes, PathNote.REUSE_LOST)
+            plan, notes = NOTHING_HELD, (*notes, PathNote.REUSE_LOST)
             last = error
             log.warning("decode attempt %d failed: %s", attempt + 1, error.message)
         except BaseException:  # cancelled (the client left): the lease and connection go too
@@ -187,10 +186,6 @@ async def start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Star
             raise
     assert last is not None
     raise last
-
-
-#: What a turn holds once its handle went (or was lost): nothing to attach.
-_COLD = Plan(Path.COLD, Reason.NO_RECORD)
 
 
 async def complete(

@@ -20,7 +20,7 @@ from carryover.router.tracing import NO_TRACE, TurnTrace
 from carryover.router.turn.path import REUSED, PathNote, TurnPath, final_path
 from carryover.router.turn.placement import KvView, LegChoice
 from carryover.router.turn.prefill_answer import RanIds
-from carryover.state import ConversationKey, HashedTokens, Plan, Record
+from carryover.state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
 
 if TYPE_CHECKING:
     from carryover.router.turn.runtime import ModelRuntime
@@ -29,6 +29,7 @@ _encoder = msgspec.json.Encoder()
 
 __all__ = [
     "DONE_FRAME",
+    "NOTHING_HELD",
     "Leg",
     "PrefillOutcome",
     "Prepared",
@@ -39,6 +40,9 @@ __all__ = [
     "TurnRequest",
 ]
 
+
+#: What a turn holds once its handle went, was lost, or never was: nothing to attach.
+NOTHING_HELD = Plan(Path.COLD, Reason.NO_RECORD)
 
 #: A request to one engine: its path and JSON body.
 Leg: TypeAlias = tuple[str, dict[str, Any]]

@@ -13,7 +13,7 @@ from carryover.router.outcomes import RetryCause
 from carryover.router.turn import prefill_answer
 from carryover.router.turn.commit import release_replaced, written_event
 from carryover.router.turn.costs import pull_pays
-from carryover.router.turn.model import PrefillOutcome, Prepared, TurnRequest
+from carryover.router.turn.model import NOTHING_HELD, PrefillOutcome, Prepared, TurnRequest
 from carryover.router.turn.path import PathNote, TurnPath, final_path
 from carryover.router.turn.placement import KvView
 from carryover.router.turn.prefill_answer import PrefillAnswer
@@ -94,7 +94,7 @@ async def run_prefill(
                         raise
                     noted += attempt
                     if claimed is not None:
-                        plan = _COLD
+                        plan = NOTHING_HELD
                         noted.append(PathNote.REUSE_LOST)
                         if _rejected(exc):
                             # A stale or expired handle: vLLM answers a fast 500. Not the
@@ -110,7 +110,7 @@ async def run_prefill(
                     continue
                 noted += attempt
                 if claimed is not None:
-                    plan = _COLD  # the handle went: later attempts run cold
+                    plan = NOTHING_HELD  # the handle went: later attempts run cold
                     if sent.path is Path.RELEASE:  # it went with remote_num_tokens 0
                         svc.ledger.settle(claimed, Event.P_FREED, str(sent.reason))
                     else:
@@ -133,10 +133,6 @@ async def run_prefill(
                     kv_view.warm_stored(instance)
                 return PrefillOutcome(instance, params, answer.ran(), plan, tuple(noted), choice)
         return await _no_prefill(svc, req, prepared, plan, noted)
-
-
-#: What a turn holds once its handle went (or was lost): nothing to attach.
-_COLD = Plan(Path.COLD, Reason.NO_RECORD)
 
 
 def _pull_or_give_back(
@@ -189,7 +185,7 @@ async def _no_prefill(
         return PrefillOutcome(None, None, None, plan, tuple(notes))
     # D serves alone; a release goes through a P, and there is none.
     svc.ledger.settle(claimed, Event.NO_PREFILL)
-    return PrefillOutcome(None, None, None, _COLD, (*notes, PathNote.REUSE_LOST))
+    return PrefillOutcome(None, None, None, NOTHING_HELD, (*notes, PathNote.REUSE_LOST))
 
 
 async def _put_back(

@@ -13,7 +13,7 @@ from carryover.router.handles.ledger import Origin
 from carryover.router.outcomes import RetryCause
 from carryover.router.render.errors import RenderFailed
 from carryover.router.tokens.legs import mend_rendered
-from carryover.router.turn.model import Prepared, TokensPrompt, TurnRequest
+from carryover.router.turn.model import NOTHING_HELD, Prepared, TokensPrompt, TurnRequest
 from carryover.router.turn.path import entry_path
 from carryover.router.turn.placement import KvView
 from carryover.router.turn.services import TurnServices
@@ -22,8 +22,6 @@ from carryover.state import (
     ConversationKey,
     HashedTokens,
     NotDurable,
-    Path,
-    Plan,
     PlanSettings,
     Reason,
     Record,
@@ -68,7 +66,7 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
             # A new record: 429 when the tenant holds its limit (nothing claimed to settle).
             svc.gate.admit_new(req.tenant)
     hashed = None
-    decided = Plan(Path.COLD, Reason.NO_RECORD)
+    decided = NOTHING_HELD
     if ids is not None and use_state:
         chunk = record.prefix.chunk_size if record else chunk_size_for(req.model.block_size)
         hashed = HashedTokens(ids, chunk)
@@ -176,7 +174,7 @@ async def _prepare_unchecked(
             svc.gate.admit_new(req.tenant)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
-    cold = Plan(Path.COLD, Reason.NO_RECORD)
+    cold = NOTHING_HELD
     entry = entry_path(cold, conversation=req.key is not None, checked=False, state_known=False)
     return Prepared(
         None,
