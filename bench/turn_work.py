@@ -30,7 +30,7 @@ from carryover.router.render.backends import Renderer
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
 from carryover.router.turn.api import engine_api
 from carryover.router.turn.model import Prepared, TurnRequest
-from carryover.router.turn.path import TurnPath
+from carryover.router.turn.path import Entry
 from carryover.router.turn.placement import KvView
 from carryover.router.turn.prefill_answer import read as read_prefill_answer
 from carryover.router.turn.prefill_answer import same_ids
@@ -73,7 +73,9 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
     runtime = ModelRuntime(_MODEL, cast(Renderer, None), engine_api(_MODEL))
     req = TurnRequest(runtime, "m", None, body, True, True, False, "r", None)
     cold = Plan(Path.COLD, Reason.NO_RECORD)
-    prepared = Prepared(ids, hashed, None, cold, TurnPath.COLD_MISS, KvView(None, None, None, None))
+    prepared = Prepared(
+        ids, hashed, None, Entry(cold, True, True, True), KvView(None, None, None, None)
+    )
     ids_json: bytes = timed("ids JSON", lambda: prepared.ids_json)
     handle = {"do_remote_decode": True, "remote_block_ids": [list(range(len(ids) // 16))]}
 
@@ -89,7 +91,7 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
             "kv_transfer_params": handle,
         }
     )
-    ran = timed("P's answer", lambda: read_prefill_answer(answer).ran())
+    ran = timed("P's answer", lambda: read_prefill_answer(answer).ran)
     assert ran is not None and same_ids(ran, ids, ids_json)
     first = _encoder.encode(
         {

@@ -117,7 +117,7 @@ async def give_back_left(
         await asyncio.gather(*(release(instance, record) for record in oldest.records))
     else:
         for record in oldest.records:
-            ledger.settle(ledger.hold(Origin.RELIEVED, record.handle), Event.INSTANCE_UNREACHABLE)
+            ledger.record(ledger.hold(Origin.RELIEVED, record.handle), Event.INSTANCE_UNREACHABLE)
     log.info(
         "instance %s left: %d of its handles %s",
         instance.name,

@@ -1,10 +1,11 @@
 """Every held handle's fate, decided in one table (docs/handles.md shows it).
 
 A fate depends on two things only: how far the handle got (:class:`Stage`) and what the
-engine, the store or the client then did (:class:`Event`). :func:`decide` maps the pair to
-exactly one :class:`Decision`: stored, sent, released (D frees its blocks now) or left to
-expire (D's ``decoder_kv_blocks_ttl`` frees them), or *not yet* where another party already
-owns the outcome (a store write in flight decides for a handle it carries). The ledger
+turn, the engine, the store or the client then did (:class:`Event`). :func:`decide` maps the
+pair to exactly one :class:`Decision`: stored, sent, released (D frees its blocks now) or
+left to expire (D's ``decoder_kv_blocks_ttl`` frees them); or *not yet*, where the turn
+carries the handle further (a move to the next stage) or another party already owns the
+outcome (a store write in flight decides for a handle it carries). The ledger
 (``router/handles/ledger.py``) is the one place that carries a decision out.
 
 The rule behind the table: release only what is provably not stored and never read by P;
@@ -50,6 +51,11 @@ class Event(StrEnum):
     """What happened to a held handle (``detail``: the cause the caller knows, where the
     table says the cause is the caller's)."""
 
+    # The turn carries it further (no fate yet).
+    SENDING = "sending"  #: a request to P is about to carry it
+    NEVER_LEFT = "never_left"  #: that request found no connection: it never left
+    WRITING = "writing"  #: a store write (the commit, a put-back) carries it
+    DECODE_LOCAL = "decode_local"  #: D serves the turn alone; its pin keeps the history
     # The plan, on a claimed record.
     RECORD_EXPIRED = "record_expired"
     DECODE_RESTARTED = "decode_restarted"
@@ -85,17 +91,23 @@ class Event(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A fate and its cause; ``cause`` ``None``: the caller's ``detail``. ``fate`` ``None``:
-    not yet (the party that owns the outcome settles it). ``carried``: a release that the
-    turn's own P request already carried (``remote_num_tokens`` 0): nothing more to send."""
+    not yet, the handle moves on to ``stage`` or, with none, the party that owns the outcome
+    decides. ``carried``: a release that the turn's own P request already carried
+    (``remote_num_tokens`` 0): nothing more to send."""
 
     fate: Fate | None
     cause: str | None = ""
     carried: bool = False
+    stage: Stage | None = None
 
 
 _NOT_YET: Final = Decision(None)
 _SENT: Final = Decision(Fate.SENT)
 _STORED: Final = Decision(Fate.STORED)
+
+
+def _moves(stage: Stage) -> Decision:
+    return Decision(None, stage=stage)
 
 
 def _released(cause: ReleaseCause | None) -> Decision:
@@ -110,6 +122,12 @@ _E, _S = Event, Stage
 
 #: Every fate a handle can meet: (how far it got, what happened) -> what becomes of it.
 FATES: Final[dict[tuple[Stage, Event], Decision]] = {
+    # Carried further: the only moves a handle makes before its fate.
+    (_S.CLAIMED, _E.SENDING): _moves(Stage.SENT),
+    (_S.SENT, _E.NEVER_LEFT): _moves(Stage.CLAIMED),
+    (_S.CLAIMED, _E.WRITING): _moves(Stage.WRITING),  # put back
+    (_S.CLAIMED, _E.DECODE_LOCAL): _moves(Stage.DECODE_LOCAL),
+    (_S.DECODED, _E.WRITING): _moves(Stage.WRITING),  # committed
     # Claimed, not sent: nobody but this turn can send it, so it is released, except where
     # its blocks are gone or no P can carry a release.
     (_S.CLAIMED, _E.RECORD_EXPIRED): _left(LeftToExpire.RECORD_EXPIRED),
@@ -173,7 +191,12 @@ def table() -> str:
     """The fate table as docs/handles.md shows it (a test keeps the two equal)."""
     lines = ["| how far the handle got | what happened | fate | cause |", "|---|---|---|---|"]
     for (stage, event), decision in FATES.items():
-        fate = "not yet: the write decides" if decision.fate is None else str(decision.fate)
+        if decision.stage is not None:
+            fate = f"none yet: moves to `{decision.stage}`"
+        elif decision.fate is None:
+            fate = "not yet: the write decides"
+        else:
+            fate = str(decision.fate)
         cause = (
             "the caller's"
             if decision.cause is None

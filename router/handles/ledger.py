@@ -5,7 +5,7 @@ A handle is in the router's hands when a turn claims its conversation's record, 
 one back at the end of a turn, when a commit replaces a record nobody claimed, when pressure
 relief claims the oldest records of a full D, and when DELETE takes a record. Each ends as
 one :class:`Fate`, which :func:`~carryover.router.handles.fates.decide` picks from how far the
-handle got and what happened (docs/handles.md). :meth:`HandleLedger.settle` records it and,
+handle got and what happened (docs/handles.md). :meth:`HandleLedger.record` carries it out and,
 for a release, starts the one-token request that frees D's blocks; nothing else releases a
 handle or leaves one to expire.
 
@@ -55,17 +55,6 @@ _FIRST_STAGE = {
     Origin.ENDED: Stage.TAKEN,
 }
 
-#: The moves a handle may make before its fate (anything else is a bug, refused).
-_MOVES = frozenset(
-    {
-        (Stage.CLAIMED, Stage.SENT),
-        (Stage.SENT, Stage.CLAIMED),  # the request never left (no connection)
-        (Stage.CLAIMED, Stage.WRITING),  # put back
-        (Stage.CLAIMED, Stage.DECODE_LOCAL),
-        (Stage.DECODED, Stage.WRITING),  # committed
-    }
-)
-
 
 class HeldHandle:
     """One handle in the router's hands, until its fate is settled: the handle (``kv``,
@@ -87,6 +76,14 @@ class HeldHandle:
     @property
     def settled(self) -> bool:
         return self.fate is not None
+
+    @property
+    def so_far(self) -> str:
+        """Its fate so far, as the turn's log line says it: ``held``, ``sent``,
+        ``released:superseded``, …"""
+        if self.fate is None:
+            return "held"
+        return f"{self.fate}:{self.cause}" if self.cause else str(self.fate)
 
     def __repr__(self) -> str:
         return f"HeldHandle({self.origin}, {self.stage}, fate={self.fate}:{self.cause})"
@@ -122,24 +119,24 @@ class HandleLedger:
         self.open += 1
         return HeldHandle(origin, stage or _FIRST_STAGE[origin], kv, target)
 
-    def move(self, held: HeldHandle, stage: Stage) -> None:
-        """The handle got further (or, for a request that never left, back)."""
-        if held.settled or (held.stage, stage) not in _MOVES:
-            self._error(held, f"moved to {stage}")
-            return
-        held.stage = stage
-
-    def settle(
+    def record(
         self, held: HeldHandle, event: Event, detail: str | None = None
     ) -> Awaitable[bool] | None:
-        """Carry out what the fate table decides for ``event`` at the handle's stage. A
-        release is started at once and runs to its end whatever happens to the caller; its
-        result (P answered it) is returned for those that wait on it. ``None``: no release
-        (another fate, the decision is not this event's to make, or it was refused)."""
+        """Carry out what the fate table decides for ``event`` at the handle's stage: a move
+        to the next stage, or its fate. A release is started at once and runs to its end
+        whatever happens to the caller; its result (P answered it) is returned for those
+        that wait on it. ``None``: no release (a move, another fate, the decision is not
+        this event's to make, or it was refused)."""
         decision, planned = decide(held.stage, event, detail)
         if not planned:
             self._error(held, f"met {event}: no row in the fate table")
         fate, cause = decision.fate, decision.cause or ""
+        if decision.stage is not None:
+            if held.settled:
+                self._error(held, f"moved to {decision.stage}")
+            else:
+                held.stage = decision.stage
+            return None
         if fate is None:
             return None
         if held.fate is not None:
@@ -161,7 +158,7 @@ class HandleLedger:
         """Handles that may be in the router's hands (a claim whose outcome is unknown or
         not durable), settled the moment they are known of."""
         for _ in range(count):
-            self.settle(self.hold(origin, stage=Stage.UNKNOWN), event)
+            self.record(self.hold(origin, stage=Stage.UNKNOWN), event)
 
     def _error(self, held: HeldHandle, what: str) -> None:
         self._metrics.ledger_errors.inc()

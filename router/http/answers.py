@@ -162,6 +162,6 @@ class EventStream:
                 await send({"type": "http.response.body", "body": DONE_FRAME, "more_body": False})
         finally:
             try:
-                await self._chunks.aclose()
+                await self._chunks.rest.aclose()
             finally:
                 self._on_close()

@@ -5,6 +5,7 @@ and the last (router/render/auto.py)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,6 +16,8 @@ from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import ClientError, EngineFailed, UpstreamError
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
 from carryover.router.render.errors import RenderDeclined, RenderFailed, RenderInputError
+
+log = logging.getLogger("carryover.render")
 
 __all__ = [
     "LOCAL_FIELDS",
@@ -69,7 +72,8 @@ class Renderer(Protocol):
     async def warm(self, body: dict[str, Any], answer: str) -> None:
         """Prepare for the next turn of the chat request ``body``, whose answer was ``answer``
         (a renderer in this process tokenizes the answer's span now, off the next turn's
-        path; the others do nothing)."""
+        path; the others do nothing). Never raises: it runs in the background, and a warm-up
+        that fails costs the next turn's speed only."""
         ...
 
 
@@ -161,10 +165,13 @@ class LocalRenderer:
 
     async def warm(self, body: dict[str, Any], answer: str) -> None:
         kwargs = body.get("chat_template_kwargs") or {}
-        if len(answer) < INLINE_CHARS:
-            self._template.warm(answer, kwargs)
-        else:
-            await asyncio.to_thread(self._template.warm, answer, kwargs)
+        try:
+            if len(answer) < INLINE_CHARS:
+                self._template.warm(answer, kwargs)
+            else:
+                await asyncio.to_thread(self._template.warm, answer, kwargs)
+        except Exception:  # a warm-up that fails costs the next turn's speed only
+            log.debug("render warm-up failed", exc_info=True)
 
 
 #: Below this many characters of message text a render runs on the event loop: a 200-token

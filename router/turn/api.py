@@ -65,8 +65,8 @@ class EngineApi(Protocol):
         output: DecodeOutput,
         decode: Instance,
     ) -> None:
-        """Once D's stream ended well, before the commit: whatever the commit still needs
-        (the handle a tokens-only stream does not return)."""
+        """A stream that ended well without D's handle, before its commit: the handle, if
+        the API can still get one (a tokens-only stream returns none)."""
         ...
 
 

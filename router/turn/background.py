@@ -21,16 +21,13 @@ class Background:
         self.tasks: set[asyncio.Task[Any]] = set()
 
     def run(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        """Run ``work`` to its end: a client that leaves cancels the request, never this."""
+        """Run ``work`` to its end: a client that leaves cancels the request, never this. A
+        caller that needs the result awaits ``asyncio.shield`` of the task: what ``work``
+        decides about a handle then happens even if the caller is cancelled meanwhile."""
         task = asyncio.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
-
-    async def to_the_end(self, work: Coroutine[Any, Any, T]) -> T:
-        """``work``'s result; if the caller is cancelled meanwhile (the client left), ``work``
-        still finishes: what it decides about a handle must happen."""
-        return await asyncio.shield(self.run(work))
 
     async def drain(self) -> None:
         if self.tasks:

@@ -7,7 +7,7 @@ import logging
 from carryover.router.fleet.instance import streams_handles
 from carryover.router.fleet.pressure import keeps_new_pins
 from carryover.router.handles.fates import Event
-from carryover.router.handles.ledger import Origin, Stage
+from carryover.router.handles.ledger import HeldHandle, Origin
 from carryover.router.outcomes import NoHandleCause, ReleaseCause
 from carryover.router.relay import DecodeOutput
 from carryover.router.turn.model import Prepared, Started, TurnRequest
@@ -23,7 +23,7 @@ from carryover.state import (
     chunk_size_for,
 )
 
-__all__ = ["commit", "release_replaced", "written_event"]
+__all__ = ["commit", "settle_write"]
 
 log = logging.getLogger("carryover.turn")
 
@@ -38,6 +38,9 @@ async def commit(
     streamed: bool,
 ) -> None:
     decode = started.decode
+    if streamed and output.handle is None:
+        # A stream that ended without D's handle: the engine API may still get one.
+        await req.runtime.api.after_stream(svc, req, prepared, output, decode)
     handle = output.handle
     if not isinstance(handle, dict) or not handle.get("do_remote_decode"):
         if output.no_handle is not None:  # the engine API knew why
@@ -53,7 +56,7 @@ async def commit(
     held = svc.ledger.hold(Origin.DECODED, handle, req.release_target)
     refused = _not_storable(req, prepared, output, started)
     if refused is not None:
-        svc.ledger.settle(held, Event.NOT_STORABLE, refused)
+        svc.ledger.record(held, Event.NOT_STORABLE, refused)
         return
     ids = prepared.ids if prepared.ids is not None else output.prompt_ids
     assert ids is not None and req.key is not None
@@ -62,10 +65,10 @@ async def commit(
         tokens = int(handle.get("remote_num_tokens") or 0)
         block_size = block_size_of(handle, decode.block_size)
     except (ValueError, TypeError):
-        svc.ledger.settle(held, Event.NOT_STORABLE, ReleaseCause.BAD_HANDLE)
+        svc.ledger.record(held, Event.NOT_STORABLE, ReleaseCause.BAD_HANDLE)
         return
     if not 0 < tokens <= sequence_end:
-        svc.ledger.settle(held, Event.NOT_STORABLE, ReleaseCause.BAD_HANDLE)
+        svc.ledger.record(held, Event.NOT_STORABLE, ReleaseCause.BAD_HANDLE)
         return
     if not keeps_new_pins(
         decode.kv_usage,
@@ -73,7 +76,7 @@ async def commit(
         pinned_tokens=tokens,
         capacity=decode.kv_capacity,
     ):
-        svc.ledger.settle(held, Event.NOT_STORABLE, ReleaseCause.DECODE_FULL)
+        svc.ledger.record(held, Event.NOT_STORABLE, ReleaseCause.DECODE_FULL)
         return
     chunk = chunk_size_for(block_size)
     hashed = prepared.hashed
@@ -94,7 +97,7 @@ async def commit(
         expires_at=now + req.model.record_ttl,
         shadowed=output.shadowed,
     )
-    svc.ledger.move(held, Stage.WRITING)
+    svc.ledger.record(held, Event.WRITING)
     try:
         with timed(svc.metrics, req, "commit"):
             committed = await svc.store.commit(
@@ -104,31 +107,14 @@ async def commit(
         # The write may still land when the store answers again: releasing now would leave a
         # stored handle to freed blocks, which the next turn would send to P.
         svc.metrics.store_errors.labels("commit").inc()
-        svc.ledger.settle(held, Event.STORE_UNKNOWN)
+        svc.ledger.record(held, Event.STORE_UNKNOWN)
         log.warning("store unavailable, record may not be kept; D frees it at its TTL: %s", exc)
         return
-    svc.ledger.settle(held, written_event(committed))
+    settle_write(svc, req, held, committed)
     if committed.written and req.chat and output.content:
         # The next turn will send this answer back: the renderer tokenizes its span now, off
         # that turn's time to first token (docs/rendering.md).
-        svc.background.run(_warm_renderer(req, output.content))
-    release_replaced(svc, req, committed)
-
-
-def written_event(committed: Committed) -> Event:
-    """What a store write's answer was, for the handle it carried."""
-    if committed.ended:  # DELETE came while this turn ran: the conversation is over
-        return Event.ENDED
-    return Event.WRITTEN if committed.written else Event.SUPERSEDED
-
-
-async def _warm_renderer(req: TurnRequest, answer: str) -> bool:
-    try:
-        await req.runtime.renderer.warm(req.body, answer)
-    except Exception:  # a warm-up that fails costs the next turn's speed only
-        log.debug("render warm-up failed", exc_info=True)
-        return False
-    return True
+        svc.background.run(req.runtime.renderer.warm(req.body, output.content))
 
 
 def _not_storable(
@@ -157,11 +143,18 @@ def _not_storable(
     return None
 
 
-def release_replaced(svc: TurnServices, req: TurnRequest, committed: Committed) -> None:
-    """A record overwritten before anyone claimed it: its handle was never sent, and nobody
-    else will send it now. One the store withheld (not durable) is left to expire."""
+def settle_write(
+    svc: TurnServices, req: TurnRequest, held: HeldHandle, committed: Committed
+) -> None:
+    """A store write's answer, for the handle it carried and the record it overwrote. One
+    overwritten before anyone claimed it was never sent, and nobody else will send it now;
+    one the store withheld (not durable) is left to expire."""
+    if committed.ended:  # DELETE came while this turn ran: the conversation is over
+        svc.ledger.record(held, Event.ENDED)
+    else:
+        svc.ledger.record(held, Event.WRITTEN if committed.written else Event.SUPERSEDED)
     if committed.replaced is not None:
-        held = svc.ledger.hold(Origin.REPLACED, committed.replaced.handle, req.release_target)
-        svc.ledger.settle(held, Event.GIVEN_BACK, ReleaseCause.REPLACED)
+        replaced = svc.ledger.hold(Origin.REPLACED, committed.replaced.handle, req.release_target)
+        svc.ledger.record(replaced, Event.GIVEN_BACK, ReleaseCause.REPLACED)
     elif committed.withheld:
         svc.ledger.lost(Origin.REPLACED, Event.NOT_DURABLE)

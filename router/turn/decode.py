@@ -7,6 +7,7 @@ turn again on another D with a fresh cold P leg, once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -24,7 +25,7 @@ from carryover.router.errors import (
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_decode
 from carryover.router.handles.fates import Event
-from carryover.router.handles.ledger import HeldHandle, Origin, Stage
+from carryover.router.handles.ledger import HeldHandle, Origin
 from carryover.router.outcomes import RetryCause
 from carryover.router.relay import DecodeOutput, decode_answer
 from carryover.router.turn.commit import commit
@@ -55,7 +56,7 @@ def _pick_decode(
     choose = functools.partial(
         pick_decode,
         rng=svc.rng,
-        held=prepared.kv.holding(),
+        held=prepared.kv.holding,
         last=prepared.record.decode if prepared.record is not None else None,
         affinity=svc.affinity,
     )
@@ -116,7 +117,7 @@ async def start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Star
         if local is not None:
             if plan.handle is not None and prepared.claimed is not None:
                 unneeded = prepared.claimed
-                svc.ledger.move(unneeded, Stage.DECODE_LOCAL)
+                svc.ledger.record(unneeded, Event.DECODE_LOCAL)
             plan, notes = NOTHING_HELD, (*notes, PathNote.DECODE_LOCAL)
             decode = local
         else:
@@ -153,7 +154,7 @@ async def start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Star
                 events = response.events(svc.config.timeouts.first_byte)
                 first = await anext(events)
                 if unneeded is not None:
-                    svc.ledger.settle(unneeded, Event.D_DONE)
+                    svc.ledger.record(unneeded, Event.D_DONE)
                 return started(first=first, events=events)
             with timed(svc.metrics, req, "decode", **{"carryover.instance": decode.name}):
                 answer = await svc.upstream.post_json(
@@ -164,12 +165,12 @@ async def start(svc: TurnServices, req: TurnRequest, prepared: Prepared) -> Star
                     decode=decode_answer,
                 )
             if unneeded is not None:
-                svc.ledger.settle(unneeded, Event.D_DONE)
+                svc.ledger.record(unneeded, Event.D_DONE)
             return started(answer=answer)
         except (UpstreamError, StopAsyncIteration) as exc:
             await held.aclose()
             if unneeded is not None:
-                svc.ledger.settle(unneeded, Event.D_DONE)
+                svc.ledger.record(unneeded, Event.D_DONE)
             if is_client_fault(exc):
                 raise
             error = exc if isinstance(exc, UpstreamError) else EngineFailed("empty stream")
@@ -198,7 +199,9 @@ async def complete(
     output = DecodeOutput(client_wants_ids=req.client_wants_ids)
     output.collect(started.answer)
     # D's handle is the router's from here: stored or released even if the client leaves.
-    await svc.background.to_the_end(commit(svc, req, prepared, output, started, streamed=False))
+    await asyncio.shield(
+        svc.background.run(commit(svc, req, prepared, output, started, streamed=False))
+    )
     data = await req.runtime.api.answer(svc, req, prepared, started.answer, output)
     elapsed = time.monotonic() - req.started
     svc.metrics.e2e.labels("false").observe(elapsed)
@@ -247,17 +250,12 @@ async def stream(
             await frames.aclose()
         # D's handle is the router's from here: captured, stored or released even if the
         # client leaves now.
-        await svc.background.to_the_end(_finish_stream(svc, req, prepared, output, started))
+        await asyncio.shield(
+            svc.background.run(commit(svc, req, prepared, output, started, streamed=True))
+        )
         elapsed = time.monotonic() - req.started
         svc.metrics.e2e.labels("true").observe(elapsed)
         svc.metrics.answered.labels(req.model_label, req.turn_label, "true").observe(elapsed)
-
-
-async def _finish_stream(
-    svc: TurnServices, req: TurnRequest, prepared: Prepared, output: DecodeOutput, started: Started
-) -> None:
-    await req.runtime.api.after_stream(svc, req, prepared, output, started.decode)
-    await commit(svc, req, prepared, output, started, streamed=True)
 
 
 def _settle_unfinished(
@@ -268,4 +266,4 @@ def _settle_unfinished(
     handle = output.handle
     if isinstance(handle, dict) and handle.get("do_remote_decode"):
         held = svc.ledger.hold(Origin.DECODED, handle, req.release_target)
-        svc.ledger.settle(held, event)
+        svc.ledger.record(held, event)

@@ -17,7 +17,7 @@ from carryover.router.fleet.pool import Lease
 from carryover.router.handles.ledger import HeldHandle
 from carryover.router.metrics import turn_label
 from carryover.router.tracing import NO_TRACE, TurnTrace
-from carryover.router.turn.path import REUSED, PathNote, TurnPath, final_path
+from carryover.router.turn.path import Entry, PathNote, TurnPath
 from carryover.router.turn.placement import KvView, LegChoice
 from carryover.router.turn.prefill_answer import RanIds
 from carryover.state import ConversationKey, HashedTokens, Path, Plan, Reason, Record
@@ -134,8 +134,7 @@ class Prepared:
     ids: list[int] | None
     hashed: HashedTokens | None
     record: Record | None
-    plan: Plan  # what to send P with the claimed handle, before any attempt
-    entry: TurnPath
+    entry: Entry  # what to send P with the claimed handle (its plan), before any attempt
     kv: KvView  # the index's holdings of the prompt, looked up once a turn
     # False when the prompt's ids do not determine its KV (images, audio, embeddings): what D
     # holds at the end is then never stored for a later turn.
@@ -148,6 +147,10 @@ class Prepared:
         """The checked ids as JSON, encoded once a turn: both legs' bodies embed them and P's
         answer is compared with them (20k-token prompts: a third of a turn's encoding)."""
         return _encoder.encode(self.ids)
+
+    @property
+    def plan(self) -> Plan:
+        return self.entry.plan
 
     @property
     def ids_raw(self) -> msgspec.Raw | None:
@@ -194,14 +197,11 @@ DONE_FRAME = b"data: [DONE]\n\n"
 @dataclass(frozen=True, slots=True)
 class Relay:
     """A started stream: its first chunk, then the rest (read directly: one layer less per
-    event). ``aclose`` ends the turn's stream (its lease, connection and span) even when
-    ``rest`` was never read."""
+    event). Closing ``rest`` ends the turn's stream (its lease, connection and span) even
+    when it was never read."""
 
     first: bytes
     rest: AsyncGenerator[bytes, None]
-
-    async def aclose(self) -> None:
-        await self.rest.aclose()
 
 
 @dataclass(frozen=True)
@@ -216,22 +216,3 @@ class TurnOutcome:
     reused_tokens: int = 0  # pulled from D with the handle
     handle: str = "none"  # the claimed handle's fate so far ("sent", "released:superseded", …)
     placed: dict[str, LegChoice] = field(default_factory=dict)  # by leg
-
-    @classmethod
-    def of(cls, prepared: Prepared, started: Started, **answer: Any) -> TurnOutcome:
-        claimed = prepared.claimed
-        if claimed is None:
-            handle = "none"
-        elif claimed.fate is None:
-            handle = "held"
-        else:
-            handle = f"{claimed.fate}:{claimed.cause}" if claimed.cause else str(claimed.fate)
-        path = final_path(prepared.entry, started.notes)
-        return cls(
-            path,
-            prompt_tokens=len(prepared.ids) if prepared.ids is not None else None,
-            reused_tokens=prepared.plan.reused_tokens if path in REUSED else 0,
-            handle=handle,
-            placed=started.placed,
-            **answer,
-        )

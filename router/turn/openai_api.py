@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from carryover.router.fields import CHAT_FIELDS, COMPLETION_FIELDS
 from carryover.router.fleet.instance import Instance
 from carryover.router.relay import DecodeOutput
@@ -30,42 +28,38 @@ _PREFILL_DROP = (
 )
 
 
-def _with_ids(
-    req: TurnRequest, body: dict[str, Any], kv: dict[str, Any], ids: msgspec.Raw | None
-) -> dict[str, Any]:
-    """``body`` with its handle dict and the checked ids (``None``: unchecked): engines run
-    exactly those ids (docs/request-fields.md)."""
-    if ids is not None:
-        if req.chat:
-            kv["prompt_token_ids"] = ids
-        else:
-            body["prompt"] = ids
-    body["kv_transfer_params"] = kv
-    return body
-
-
 class OpenAIApi:
     def prefill(self, req: TurnRequest, prepared: Prepared, kv: dict[str, Any]) -> Leg:
-        # An allow-list: P gets only the fields router/fields.py knows. A field vLLM adds
-        # later could make P render the prompt itself and cache D's pulled blocks under other
-        # ids, which other prompts would then hit; D, which never caches pulled blocks for
-        # others, keeps what the client sent (docs/request-fields.md).
+        # D's body with the handle, cut to an allow-list: P gets only the fields
+        # router/fields.py knows. A field vLLM adds later could make P render the prompt
+        # itself and cache D's pulled blocks under other ids, which other prompts would then
+        # hit; D, which never caches pulled blocks for others, keeps what the client sent
+        # (docs/request-fields.md).
         known = CHAT_FIELDS if req.chat else COMPLETION_FIELDS
-        body = {k: v for k, v in req.body.items() if k in known and k not in _PREFILL_DROP}
-        body["model"] = req.model_name
+        path, full = self.decode(req, prepared, kv)
+        body = {k: v for k, v in full.items() if k in known and k not in _PREFILL_DROP}
         body["max_tokens"] = 1
         body["stream"] = False
-        body["return_token_ids"] = True  # the ids P ran: D's KV is computed from them
-        return req.path, _with_ids(req, body, dict(kv), prepared.ids_raw)
+        return path, body
 
     def decode(self, req: TurnRequest, prepared: Prepared, p_params: dict[str, Any] | None) -> Leg:
-        body = dict(req.body)
+        body: dict[str, Any] = dict(req.body)
         body["model"] = req.model_name
-        body["return_token_ids"] = True  # the ids D ran are the sequence its handle covers
+        # The ids D ran are the sequence its handle covers (P's: what D's KV is computed from).
+        body["return_token_ids"] = True
         # P's dict verbatim (never rewrite remote_host); no P: D computes alone and still
         # returns a handle.
-        kv = dict(p_params) if p_params is not None else {"do_remote_prefill": False}
-        return req.path, _with_ids(req, body, kv, prepared.ids_raw)
+        kv: dict[str, Any] = (
+            dict(p_params) if p_params is not None else {"do_remote_prefill": False}
+        )
+        ids = prepared.ids_raw
+        if ids is not None:  # the checked ids: engines run exactly those (docs/request-fields.md)
+            if req.chat:
+                kv["prompt_token_ids"] = ids
+            else:
+                body["prompt"] = ids
+        body["kv_transfer_params"] = kv
+        return req.path, body
 
     def release(self, model_name: str, kv: dict[str, Any]) -> Leg:
         body = {"model": model_name, "prompt": [0], "max_tokens": 1, "kv_transfer_params": kv}

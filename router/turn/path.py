@@ -1,5 +1,5 @@
-"""How a turn ran, decided in one place: the path it entered with (from prepare's outcome),
-then what its attempts noted on the way (:class:`PathNote`), folded once the answer is ready.
+"""How a turn ran, decided in one place: what prepare knew (:class:`Entry`), then what its
+attempts noted on the way (:class:`PathNote`), folded once the answer is ready.
 
 Nothing else assigns a :class:`TurnPath`: the stages return notes, and ``X-Carryover-Path``,
 the ``path`` label of metrics and the log line all read :func:`final_path`.
@@ -8,11 +8,12 @@ the ``path`` label of metrics and the log line all read :func:`final_path`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 
 from carryover.state import Path, Plan, Reason
 
-__all__ = ["REUSED", "PathNote", "TurnPath", "entry_path", "final_path"]
+__all__ = ["REUSED", "Entry", "PathNote", "TurnPath", "final_path"]
 
 
 class TurnPath(StrEnum):
@@ -51,36 +52,37 @@ class PathNote(StrEnum):
     DECODE_LOCAL = "decode-local"
 
 
-def entry_path(
-    plan: Plan,
-    *,
-    conversation: bool,
-    checked: bool,
-    state_known: bool,
-) -> TurnPath:
-    """The path a prepared turn starts on. ``checked``: the router rendered and checked the
-    prompt's ids (``False``: fields only the engine applies); ``state_known``: the ids,
-    the store's claim and the served name were all there to plan with."""
-    if not checked:
-        return TurnPath.COLD_UNCHECKED
-    if not conversation:
-        return TurnPath.NO_CONVERSATION
-    if not state_known:
-        return TurnPath.COLD_ERROR
-    if plan.path is Path.REUSE:
-        return TurnPath.REUSE
-    if plan.path is Path.PARTIAL:
-        return TurnPath.PARTIAL
-    if plan.path is Path.RELEASE or plan.reason is Reason.BAD_HANDLE:
-        return TurnPath.COLD_MISMATCH
-    if plan.reason in (Reason.EXPIRED, Reason.STALE_ENGINE):
-        return TurnPath.COLD_EXPIRED
-    return TurnPath.COLD_MISS
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What a prepared turn knew before any engine ran. ``checked``: the router rendered and
+    checked the prompt's ids (``False``: fields only the engine applies); ``state_known``:
+    the ids, the store's claim and the served name were all there to plan with."""
+
+    plan: Plan
+    conversation: bool
+    checked: bool
+    state_known: bool
 
 
-def final_path(entry: TurnPath, notes: Iterable[PathNote]) -> TurnPath:
-    """The path after the notes, in the order they were made."""
-    path = entry
+def final_path(entry: Entry, notes: Iterable[PathNote]) -> TurnPath:
+    """The path a prepared turn starts on, then the notes in the order they were made."""
+    plan = entry.plan
+    if not entry.checked:
+        path = TurnPath.COLD_UNCHECKED
+    elif not entry.conversation:
+        path = TurnPath.NO_CONVERSATION
+    elif not entry.state_known:
+        path = TurnPath.COLD_ERROR
+    elif plan.path is Path.REUSE:
+        path = TurnPath.REUSE
+    elif plan.path is Path.PARTIAL:
+        path = TurnPath.PARTIAL
+    elif plan.path is Path.RELEASE or plan.reason is Reason.BAD_HANDLE:
+        path = TurnPath.COLD_MISMATCH
+    elif plan.reason in (Reason.EXPIRED, Reason.STALE_ENGINE):
+        path = TurnPath.COLD_EXPIRED
+    else:
+        path = TurnPath.COLD_MISS
     for note in notes:
         if note is PathNote.PULL_WASTED:
             path = TurnPath.PREFILL_CACHE

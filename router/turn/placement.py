@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,8 +34,6 @@ class KvView:
     metrics all ask). A cache of lookups, not a decision: what it answers never changes
     within the turn's view of the index."""
 
-    __slots__ = ("_cached", "_kv", "_warm", "prompt")
-
     def __init__(
         self,
         kv: KvEvents | None,
@@ -51,6 +50,24 @@ class KvView:
         )
         self._cached: dict[str, Cached | None] = {}
         self._warm: dict[str, int] = {}
+
+        def held(instance: Instance, *, warm: bool) -> int | None:
+            cached = self.cached(instance)
+            own = None if cached is None else cached.tokens
+            shared = self.warm(instance) if warm else None
+            if shared is None or not shared[1] or not shared[2]:
+                return own
+            return max(own or 0, shared[2])
+
+        #: Tokens of the prompt each instance holds (all its tiers), ``None`` when unknown.
+        self.holding: Held = (
+            functools.partial(held, warm=False) if self.prompt is not None else nothing_known
+        )
+        #: The same with what the model's warm tier holds while it is up (the P leg: every P
+        #: of the model shares the tier).
+        self.holding_warm: Held = (
+            functools.partial(held, warm=True) if self.prompt is not None else nothing_known
+        )
 
     def cached(self, instance: Instance) -> Cached | None:
         """What the index says ``instance`` holds of the prompt."""
@@ -78,22 +95,6 @@ class KvView:
         if tokens is None:
             tokens = self._warm[tier.name] = tier.held(self.prompt)
         return tier.name, tier.up, tokens
-
-    def holding(self, *, warm: bool = False) -> Held:
-        """Tokens of the prompt each instance holds (all tiers), ``None`` when unknown.
-        ``warm`` (the P leg): with what the model's warm tier holds while it is up."""
-        if self.prompt is None:
-            return nothing_known
-
-        def held(instance: Instance) -> int | None:
-            cached = self.cached(instance)
-            own = None if cached is None else cached.tokens
-            shared = self.warm(instance) if warm else None
-            if shared is None or not shared[1] or not shared[2]:
-                return own
-            return max(own or 0, shared[2])
-
-        return held
 
     def choice(self, leg: str, instance: Instance, among: Sequence[Instance] = ()) -> LegChoice:
         """The instance chosen for ``leg`` among ``among`` (the turn's log line); the

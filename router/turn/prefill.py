@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from carryover.router.errors import EngineFailed, EngineUnavailable, UpstreamError, is_client_fault
 from carryover.router.fleet.instance import Instance
 from carryover.router.fleet.policy import pick_prefill
 from carryover.router.handles.fates import Event
-from carryover.router.handles.ledger import HeldHandle, Stage
+from carryover.router.handles.ledger import HeldHandle
 from carryover.router.outcomes import RetryCause
 from carryover.router.turn import prefill_answer
-from carryover.router.turn.commit import release_replaced, written_event
+from carryover.router.turn.commit import settle_write
 from carryover.router.turn.costs import pull_pays
 from carryover.router.turn.model import NOTHING_HELD, PrefillOutcome, Prepared, TurnRequest
 from carryover.router.turn.path import PathNote, TurnPath, final_path
@@ -36,7 +37,7 @@ async def run_prefill(
     tried: set[Instance] = set()
     last = prepared.record.prefill if prepared.record is not None else None
     kv_view = prepared.kv
-    held = kv_view.holding(warm=True)
+    held = kv_view.holding_warm
     # A conversation's first turn: its home P by its id (router/fleet/policy.py).
     home = (
         req.key.storage_key()
@@ -61,7 +62,7 @@ async def run_prefill(
             attempt: list[PathNote] = [PathNote.PULL_WASTED] if wasted else []
             if claimed is not None:
                 # From here a client that leaves must not release it.
-                svc.ledger.move(claimed, Stage.SENT)
+                svc.ledger.record(claimed, Event.SENDING)
             elif final_path(prepared.entry, noted) is not TurnPath.WARM and kv_view.loads_warm(
                 instance
             ):
@@ -81,7 +82,7 @@ async def run_prefill(
                     svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
                     tried.add(instance)
                     if claimed is not None:
-                        svc.ledger.move(claimed, Stage.CLAIMED)
+                        svc.ledger.record(claimed, Event.NEVER_LEFT)
                     else:
                         noted += attempt
                     continue
@@ -90,7 +91,7 @@ async def run_prefill(
                         if claimed is not None:
                             # P's own refusal proves it never read the handle; a 408 or 429
                             # may come from a proxy in front of a P that did.
-                            svc.ledger.settle(claimed, _refusal(exc))
+                            svc.ledger.record(claimed, _refusal(exc))
                         raise
                     noted += attempt
                     if claimed is not None:
@@ -100,10 +101,10 @@ async def run_prefill(
                             # A stale or expired handle: vLLM answers a fast 500. Not the
                             # instance's fault (no verdict); retry cold, never with it.
                             svc.metrics.retries.labels(RetryCause.PREFILL_HANDLE_REJECTED).inc()
-                            svc.ledger.settle(claimed, Event.P_REJECTED)
+                            svc.ledger.record(claimed, Event.P_REJECTED)
                             continue
                         # P may have read the blocks: never released under it.
-                        svc.ledger.settle(claimed, Event.P_FAILED)
+                        svc.ledger.record(claimed, Event.P_FAILED)
                     lease.failed(exc)
                     svc.metrics.retries.labels(RetryCause.PREFILL_FAILED).inc()
                     tried.add(instance)
@@ -112,9 +113,9 @@ async def run_prefill(
                 if claimed is not None:
                     plan = NOTHING_HELD  # the handle went: later attempts run cold
                     if sent.path is Path.RELEASE:  # it went with remote_num_tokens 0
-                        svc.ledger.settle(claimed, Event.P_FREED, str(sent.reason))
+                        svc.ledger.record(claimed, Event.P_FREED, str(sent.reason))
                     else:
-                        svc.ledger.settle(claimed, Event.P_READ)
+                        svc.ledger.record(claimed, Event.P_READ)
                 params = answer.kv_transfer_params
                 if not isinstance(params, dict) or not params.get("do_remote_prefill"):
                     lease.failed(
@@ -131,7 +132,7 @@ async def run_prefill(
                 )
                 if claimed is None:
                     kv_view.warm_stored(instance)
-                return PrefillOutcome(instance, params, answer.ran(), plan, tuple(noted), choice)
+                return PrefillOutcome(instance, params, answer.ran, plan, tuple(noted), choice)
         return await _no_prefill(svc, req, prepared, plan, noted)
 
 
@@ -178,13 +179,13 @@ async def _no_prefill(
         if claimed is not None and prepared.record is not None and req.key is not None:
             # Never sent: put it back, so the client's retry still reuses D's blocks. The
             # write owns the handle from here: a client leaving meanwhile changes nothing.
-            svc.ledger.move(claimed, Stage.WRITING)
-            await svc.background.to_the_end(_put_back(svc, req, prepared.record, claimed))
+            svc.ledger.record(claimed, Event.WRITING)
+            await asyncio.shield(svc.background.run(_put_back(svc, req, prepared.record, claimed)))
         raise EngineUnavailable(f"no healthy prefill instance for {req.model_name}")
     if claimed is None:
         return PrefillOutcome(None, None, None, plan, tuple(notes))
     # D serves alone; a release goes through a P, and there is none.
-    svc.ledger.settle(claimed, Event.NO_PREFILL)
+    svc.ledger.record(claimed, Event.NO_PREFILL)
     return PrefillOutcome(None, None, None, NOTHING_HELD, (*notes, PathNote.REUSE_LOST))
 
 
@@ -198,7 +199,6 @@ async def _put_back(
         )
     except StoreUnavailable:
         svc.metrics.store_errors.labels("commit").inc()
-        svc.ledger.settle(claimed, Event.STORE_UNKNOWN)
+        svc.ledger.record(claimed, Event.STORE_UNKNOWN)
         return
-    svc.ledger.settle(claimed, written_event(put_back))
-    release_replaced(svc, req, put_back)
+    settle_write(svc, req, claimed, put_back)

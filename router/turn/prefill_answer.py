@@ -34,6 +34,7 @@ class PrefillAnswer(msgspec.Struct):
     prompt_token_ids: msgspec.Raw = msgspec.Raw()
     choices: list[_Choice] | None = None
 
+    @property
     def ran(self) -> RanIds | None:
         """The prompt ids P ran, where D's answer carries them too (the answer's own, else
         choice 0's); ``None`` when P does not say."""

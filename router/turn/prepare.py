@@ -14,12 +14,11 @@ from carryover.router.outcomes import RetryCause
 from carryover.router.render.errors import RenderFailed
 from carryover.router.tokens.legs import mend_rendered
 from carryover.router.turn.model import NOTHING_HELD, Prepared, TokensPrompt, TurnRequest
-from carryover.router.turn.path import entry_path
+from carryover.router.turn.path import Entry
 from carryover.router.turn.placement import KvView
 from carryover.router.turn.services import TurnServices
 from carryover.router.turn.timing import timed
 from carryover.state import (
-    ConversationKey,
     HashedTokens,
     NotDurable,
     PlanSettings,
@@ -89,8 +88,8 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
     if claimed is not None and decided.handle is None:
         # Nothing of it goes to P: its blocks are gone, or about to be, or unreadable.
         dropped = _DROPPED.get(decided.reason) if decided.reason else None
-        svc.ledger.settle(claimed, dropped or Event.UNREADABLE)
-    entry = entry_path(
+        svc.ledger.record(claimed, dropped or Event.UNREADABLE)
+    entry = Entry(
         decided,
         conversation=req.key is not None,
         checked=True,
@@ -100,7 +99,6 @@ async def prepare(svc: TurnServices, req: TurnRequest) -> Prepared:
         ids,
         hashed,
         record,
-        decided,
         entry,
         KvView(svc.kv, ids, req.cache_salt, hashed),
         tokens=tokens,
@@ -120,41 +118,42 @@ async def _claim(svc: TurnServices, req: TurnRequest) -> tuple[Record | None, bo
     runs to its end even if the client leaves meanwhile: a record it took is then released
     (nobody will send it), and one it may have taken is left to expire."""
     assert req.key is not None
-    claim = svc.background.run(_claim_or_lost(svc, req.key))
+    claim = svc.background.run(svc.store.claim(req.key))
     try:
         with timed(svc.metrics, req, "claim"):
-            return await asyncio.shield(claim)
+            return await asyncio.shield(claim), False
     except asyncio.CancelledError:
         claim.add_done_callback(lambda done: _give_up(svc, req, done))
         raise
+    except (NotDurable, StoreUnavailable) as exc:
+        _claim_failed(svc, exc)
+        return None, True
 
 
-async def _claim_or_lost(svc: TurnServices, key: ConversationKey) -> tuple[Record | None, bool]:
-    try:
-        return await svc.store.claim(key), False
-    except NotDurable as exc:
-        svc.metrics.store_errors.labels("claim").inc()
+def _claim_failed(svc: TurnServices, exc: NotDurable | StoreUnavailable) -> None:
+    svc.metrics.store_errors.labels("claim").inc()
+    if isinstance(exc, NotDurable):
         svc.ledger.lost(Origin.CLAIMED, Event.NOT_DURABLE)
         log.warning("claim not durable, turn served cold: %s", exc)
-        return None, True
-    except StoreUnavailable as exc:
-        svc.metrics.store_errors.labels("claim").inc()
+    else:
         # The claim may still have taken the record: its handle is lost to everyone.
         svc.ledger.lost(Origin.CLAIMED, Event.STORE_UNKNOWN)
         log.warning("store unavailable, turn served cold: %s", exc)
-        return None, True
 
 
-def _give_up(
-    svc: TurnServices, req: TurnRequest, done: asyncio.Task[tuple[Record | None, bool]]
-) -> None:
+def _give_up(svc: TurnServices, req: TurnRequest, done: asyncio.Task[Record | None]) -> None:
     """The client left during the claim: what it took was never sent, so it is released."""
-    if done.cancelled() or done.exception() is not None:
+    if done.cancelled():
         return
-    record, _ = done.result()
+    exc = done.exception()
+    if isinstance(exc, NotDurable | StoreUnavailable):
+        _claim_failed(svc, exc)
+    if exc is not None:
+        return
+    record = done.result()
     if record is not None:
         held = svc.ledger.hold(Origin.CLAIMED, record.handle, req.release_target)
-        svc.ledger.settle(held, Event.CLIENT_GONE)
+        svc.ledger.record(held, Event.CLIENT_GONE)
 
 
 async def _prepare_unchecked(
@@ -169,18 +168,17 @@ async def _prepare_unchecked(
         record, failed = await _claim(svc, req)
         if record is not None:
             held = svc.ledger.hold(Origin.CLAIMED, record.handle, req.release_target)
-            svc.ledger.settle(held, Event.UNCHECKED)
+            svc.ledger.record(held, Event.UNCHECKED)
         elif not failed and svc.gate is not None:
             svc.gate.admit_new(req.tenant)
     if req.turn is None:
         req.turn = record.turn + 1 if record is not None else 1
     cold = NOTHING_HELD
-    entry = entry_path(cold, conversation=req.key is not None, checked=False, state_known=False)
+    entry = Entry(cold, conversation=req.key is not None, checked=False, state_known=False)
     return Prepared(
         None,
         None,
         None,
-        cold,
         entry,
         KvView(None, None, None, None),
         storable=not set(blockers) & _IDS_DO_NOT_DETERMINE_KV,

@@ -26,6 +26,7 @@ from carryover.router.outcomes import ReleaseCause
 from carryover.router.tenants.limits import TenantGate
 from carryover.router.turn.decode import complete, start, stream
 from carryover.router.turn.model import Relay, TurnOutcome, TurnRequest
+from carryover.router.turn.path import REUSED, final_path
 from carryover.router.turn.prepare import prepare
 from carryover.router.turn.runtime import ModelRuntime
 from carryover.router.turn.services import Planner, TurnServices
@@ -69,26 +70,37 @@ class TurnRunner:
             # P leg + D's answer or first chunk: errors here are HTTP errors, and the path is
             # final from here.
             started = await start(svc, req, prepared)
+            body: bytes | None = None
+            relay: Relay | None = None
             if req.stream:
                 chunks = stream(svc, req, prepared, started)
                 # A stream with no frame at all (D's first event its [DONE]) is over,
                 # committed, and sends [DONE].
-                first = await anext(chunks, b"")
-                outcome = TurnOutcome.of(prepared, started, chunks=Relay(first, chunks))
+                relay = Relay(await anext(chunks, b""), chunks)
             else:
                 body = await complete(svc, req, prepared, started)
-                outcome = TurnOutcome.of(prepared, started, body=body)
         except BaseException as exc:
             # The client left, or the turn failed: a claimed handle the stages did not settle
             # meets the fate its stage has for that (router/handles/fates.py).
             claimed = prepared.claimed
             if claimed is not None and not claimed.settled:
                 gone = isinstance(exc, asyncio.CancelledError)
-                svc.ledger.settle(claimed, Event.CLIENT_GONE if gone else Event.TURN_FAILED)
+                svc.ledger.record(claimed, Event.CLIENT_GONE if gone else Event.TURN_FAILED)
             raise
+        path = final_path(prepared.entry, started.notes)
+        claimed = prepared.claimed
+        outcome = TurnOutcome(
+            path,
+            body,
+            relay,
+            prompt_tokens=len(prepared.ids) if prepared.ids is not None else None,
+            reused_tokens=prepared.plan.reused_tokens if path in REUSED else 0,
+            handle=claimed.so_far if claimed is not None else "none",
+            placed=started.placed,
+        )
         # The turn in the metrics, once, when its path is final: the one the client is told
         # (``X-Carryover-Path``).
-        svc.metrics.turns.labels(req.model_label, outcome.path).inc()
+        svc.metrics.turns.labels(req.model_label, path).inc()
         if outcome.prompt_tokens is not None:
             reused = outcome.reused_tokens
             svc.metrics.prompt_tokens.labels(req.model_label, "reused").inc(reused)
@@ -111,7 +123,7 @@ class TurnRunner:
     ) -> bool:
         """Free D's blocks of a handle taken outside a turn (DELETE, pressure relief) now."""
         ledger = self._svc.ledger
-        released = ledger.settle(
+        released = ledger.record(
             ledger.hold(origin, handle, (runtime, model_name)), Event.GIVEN_BACK, cause
         )
         return await released if released is not None else False

@@ -263,7 +263,7 @@ def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bo
     prompt itself); D's keeps every field. One field of each class, and one unknown."""
     from carryover.router.config import InstanceConfig, ModelConfig
     from carryover.router.turn.model import Prepared, TurnRequest
-    from carryover.router.turn.path import TurnPath
+    from carryover.router.turn.path import Entry
     from carryover.router.turn.placement import KvView
     from carryover.state import Path, Plan, Reason
 
@@ -282,7 +282,7 @@ def test_prefill_gets_only_known_fields_and_decode_what_the_client_sent(chat: bo
     req = TurnRequest(runtime, "m", None, body, chat, False, False, "r", 1)
     cold = Plan(Path.COLD, Reason.NO_RECORD)
     kv = KvView(None, None, None, None)
-    prepared = Prepared([1, 2, 3], None, None, cold, TurnPath.COLD_MISS, kv)
+    prepared = Prepared([1, 2, 3], None, None, Entry(cold, True, True, True), kv)
     _, p = runtime.api.prefill(req, prepared, {"do_remote_decode": True})
     _, d = runtime.api.decode(req, prepared, None)
     for name in sample.values():

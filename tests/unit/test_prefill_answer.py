@@ -19,13 +19,13 @@ def _answer(body: object) -> bytes:
 
 def test_the_ids_come_from_the_answer_else_from_choice_zero() -> None:
     top = read(_answer({"prompt_token_ids": IDS, "choices": [], "x": {"y": [1]}}))
-    assert top.ran() == RanIds(msgspec.json.encode(IDS))
+    assert top.ran == RanIds(msgspec.json.encode(IDS))
     choices = [
         {"index": 1, "prompt_token_ids": [9]},
         {"index": 0, "text": "a", "prompt_token_ids": IDS},
     ]
     chosen = read(_answer({"choices": choices, "kv_transfer_params": {"a": 1}}))
-    assert chosen.ran() == RanIds(msgspec.json.encode(IDS))
+    assert chosen.ran == RanIds(msgspec.json.encode(IDS))
     assert chosen.kv_transfer_params == {"a": 1}
 
 
@@ -37,7 +37,7 @@ def test_ids_cut_out_of_one_choice_go_back_into_it(index: int) -> None:
     }
     read_ = read(_answer(answer))
     assert read_.kv_transfer_params == answer["kv_transfer_params"]
-    assert read_.ran() == (RanIds(msgspec.json.encode(IDS)) if index == 0 else None)
+    assert read_.ran == (RanIds(msgspec.json.encode(IDS)) if index == 0 else None)
 
 
 # Text quoting the key, as a client's message or an engine's note could.
@@ -49,12 +49,12 @@ TRICKY = 'see "prompt_token_ids":[1, 2] here'
     [{}, {"prompt_token_ids": None}, {"prompt_token_ids": "1,2"}, {"choices": None}],
 )
 def test_an_answer_without_an_array_of_ids_says_nothing(body: object) -> None:
-    assert read(_answer(body)).ran() is None
+    assert read(_answer(body)).ran is None
 
 
 def test_spacing_does_not_matter_and_other_values_do() -> None:
     spaced = b'{"prompt_token_ids": [151644, 872,\n198, 0, 7, 151645]}'
-    assert same_ids(read(spaced).ran() or RanIds(b""), IDS)
+    assert same_ids(read(spaced).ran or RanIds(b""), IDS)
     for other in ([*IDS, 1], IDS[:-1], [*IDS[:-1], 151646], []):
         assert not same_ids(RanIds(msgspec.json.encode(other)), IDS)
     assert not same_ids(RanIds(b'["151644"]'), [151644])

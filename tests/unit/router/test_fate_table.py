@@ -48,7 +48,7 @@ async def test_a_second_fate_is_refused_and_its_release_never_sent() -> None:
     metrics = RouterMetrics()
     ledger = HandleLedger(metrics, release)
     held = ledger.hold(Origin.CLAIMED, {"remote_request_id": "d-1"})
-    assert await ledger.settle(held, Event.CLIENT_GONE) is True  # type: ignore[misc]
-    assert ledger.settle(held, Event.UNCHECKED) is None
+    assert await ledger.record(held, Event.CLIENT_GONE) is True  # type: ignore[misc]
+    assert ledger.record(held, Event.UNCHECKED) is None
     assert sent == [held] and ledger.open == 0
     assert metrics.ledger_errors._value.get() == 1
