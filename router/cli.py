@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import math
 import os
+import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,8 +36,37 @@ def _serve(argv: Sequence[str]) -> None:
     _preflight(config)
     for name in _secret_variables():  # read: the workers must not inherit them
         os.environ.pop(name, None)
+    remove_dead_scratch()
     with _private_config(config), _worker_metrics(config.workers or 1):
         _run_uvicorn(uvicorn, config)
+
+
+#: This process's scratch folders: ``carryover-serve-<pid>-…`` (the workers' config) and
+#: ``carryover-metrics-<pid>-…`` (their samples), removed at exit.
+_SCRATCH = re.compile(r"carryover-(?:serve|metrics)-(\d+)-")
+
+
+def _scratch(kind: str) -> tempfile.TemporaryDirectory[str]:
+    """A scratch folder named by this process's id, so that a later start can tell one whose
+    router died without removing it (SIGKILL, the OOM killer) from one still in use."""
+    return tempfile.TemporaryDirectory(prefix=f"carryover-{kind}-{os.getpid()}-")  # mode 0700
+
+
+def remove_dead_scratch() -> list[Path]:
+    """Scratch folders of this user's routers that are no longer running: removed."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob("carryover-*-*-*"):
+        found = _SCRATCH.match(folder.name)
+        if found is None or not folder.is_dir() or folder.stat().st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(found.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except PermissionError:
+            pass  # a process of another user has that id now: its folder is not this one
+    return removed
 
 
 def _preflight(config: RouterConfig) -> None:
@@ -69,7 +100,7 @@ def _secret_variables() -> list[str]:
 @contextlib.contextmanager
 def _private_config(config: RouterConfig) -> Iterator[None]:
     """The config for the workers, in a file only this user can read, removed at exit."""
-    with tempfile.TemporaryDirectory(prefix="carryover-serve-") as folder:  # mode 0700
+    with _scratch("serve") as folder:
         path = Path(folder) / "config.json"
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "wb") as file:
@@ -98,7 +129,7 @@ def _worker_metrics(workers: int) -> Iterator[None]:
             stale.unlink()
         yield
         return
-    with tempfile.TemporaryDirectory(prefix="carryover-metrics-") as made:
+    with _scratch("metrics") as made:
         os.environ[MULTIPROC_ENV] = made
         try:
             yield

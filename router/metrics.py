@@ -9,7 +9,6 @@ all of them: one consistent view per router. Each gauge says how its workers' va
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Self
@@ -40,8 +39,9 @@ def multiprocess_dir() -> str | None:
 class _RemembersChildren:
     """``labels(*values)`` looked up in a dict of the children already made: the library's
     own call validates, converts and locks every time (about 3 µs), and a turn makes about
-    ten. Children are never removed here (no ``remove()`` or ``clear()``), so a remembered
-    child is always the registered one."""
+    ten. A child removed (``remove``, ``forget``, ``clear``) is forgotten here too, so a
+    remembered child is always the registered one: an instance that leaves and comes back
+    under its name reports again."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -55,6 +55,25 @@ class _RemembersChildren:
             made: Self = super().labels(*values)  # type: ignore[misc]
             child = self._children[values] = made
         return child
+
+    def remove(self, *values: object) -> None:
+        wanted = tuple(str(v) for v in values)
+        self._children = {k: c for k, c in self._children.items() if tuple(map(str, k)) != wanted}
+        super().remove(*values)  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._children = {}
+        super().clear()  # type: ignore[misc]
+
+    def forget(self, label: str, value: str) -> None:
+        """Every child whose ``label`` is ``value``, gone from the registry."""
+        names: tuple[str, ...] = self._labelnames  # type: ignore[attr-defined]
+        if label not in names:
+            return
+        index = names.index(label)
+        made: dict[tuple[str, ...], Any] = self._metrics  # type: ignore[attr-defined]
+        for key in [k for k in list(made) if k[index] == value]:
+            self.remove(*key)
 
 
 class Counter(_RemembersChildren, prometheus_client.Counter):
@@ -354,19 +373,14 @@ class RouterMetrics:
     def instance_up(self, name: str, role: str, up: bool) -> None:
         self.up.labels(name, role).set(1 if up else 0)
 
-    def forget_instance(self, name: str, role: str) -> None:
+    def forget_instance(self, name: str) -> None:
         """An instance that left the fleet: its series go rather than stay at their last
         value."""
         children = {id(self.instance_in_flight.labels(name)), id(self.breaker_open.labels(name))}
         self._sampled = [(g, read) for g, read in self._sampled if id(g) not in children]
-        for gauge, labels in (
-            (self.instance_in_flight, (name,)),
-            (self.breaker_open, (name,)),
-            (self.draining, (name,)),
-            (self.up, (name, role)),
-        ):
-            with contextlib.suppress(KeyError):
-                gauge.remove(*labels)
+        for metric in vars(self).values():
+            if isinstance(metric, _RemembersChildren):
+                metric.forget("server", name)
 
     def sampled(self, gauge: Gauge, read: Callable[[], float]) -> None:
         """``gauge`` reads ``read()``: when scraped in one process, else at each ``publish``."""

@@ -16,17 +16,25 @@ from carryover.state.store import Committed, Held, Oldest, TenantUsage
 __all__ = ["MemoryStore"]
 
 _SWEEP_EVERY = 1024
+#: Fences of ended conversations kept at most (DELETE of ids never stored makes them too):
+#: beyond it the oldest goes first, a turn of it that still runs may then store it again.
+FENCE_LIMIT = 100_000
 
 
 class MemoryStore:
     """Records in a dict, expired lazily on access and swept every 1,024 commits."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.time, fence_limit: int = FENCE_LIMIT
+    ) -> None:
         self._clock = clock
+        self._fence_limit = fence_limit
+        self.fences_evicted = 0  #: fences dropped at the limit before their time
         self._records: dict[ConversationKey, Record] = {}
         self._epochs: dict[str, int] = {}
         self._identities: dict[str, str] = {}
-        self._ended: dict[ConversationKey, tuple[float, float]] = {}  # (ended at, until)
+        # (ended at, until), oldest first: each lasts as long, so they end in this order.
+        self._ended: dict[ConversationKey, tuple[float, float]] = {}
         self._commits = 0
         self._expired: dict[str, int] = {}  # by decode instance, since the last held()
         self._turns: dict[str, float] = {}  # take_turn: until when each name is taken
@@ -78,8 +86,13 @@ class MemoryStore:
         now = self._clock()
         for key, record in [(k, r) for k, r in self._records.items() if r.expired(now)]:
             self._drop_expired(key, record)
-        for key in [k for k, (_, until) in self._ended.items() if until <= now]:
-            del self._ended[key]  # fences of ended conversations nobody came back to
+        # Fences of ended conversations nobody came back to, from the oldest: the sweep
+        # stops at the first that still holds, whatever their number.
+        while self._ended:
+            key, (_, until) = next(iter(self._ended.items()))
+            if until > now:
+                break
+            del self._ended[key]
 
     async def get(self, key: ConversationKey) -> Record | None:
         return self._live(key)
@@ -89,8 +102,17 @@ class MemoryStore:
         self._records.pop(key, None)
         if fence > 0:
             now = self._clock()
+            self._ended.pop(key, None)  # a new fence goes last, in its order of ending
             self._ended[key] = (now, now + fence)
+            if len(self._ended) > self._fence_limit:
+                del self._ended[next(iter(self._ended))]
+                self.fences_evicted += 1
         return record
+
+    @property
+    def fences(self) -> int:
+        """Fences of ended conversations held now (at most ``fence_limit``)."""
+        return len(self._ended)
 
     async def observe_identity(self, instance: str, identity: str) -> int:
         seen = self._identities.get(instance)
@@ -152,6 +174,9 @@ class MemoryStore:
 
     async def draining(self) -> set[str]:
         return set(self._draining)
+
+    def forget(self, instance: str) -> None:
+        self._expired.pop(instance, None)
 
     async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
         if self._turns.get(name, 0.0) > now:

@@ -225,6 +225,18 @@ class RedisStore(FleetCalls, HeldIndexCalls):
 
     # the Store protocol
 
+    @property
+    def known(self) -> list[str]:
+        """The decode instances whose held indexes every record script carries."""
+        return list(self._instances)
+
+    def forget(self, instance: str) -> None:
+        # Every record script carries the index keys of each name known: 2,000 departed
+        # names made a commit and a claim cost 4.6 ms of Redis CPU instead of 0.13.
+        if instance in self._instances:
+            self._instances = known = [n for n in self._instances if n != instance]
+            self._head = [len(known), *known]
+
     async def _on_record(
         self, script: Script, key: ConversationKey, args: Sequence[Arg]
     ) -> tuple[Any, bool]:

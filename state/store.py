@@ -156,6 +156,12 @@ class Store(Protocol):
         instance) this period."""
         ...
 
+    def forget(self, instance: str) -> None:
+        """``instance`` left the fleet and its records were given back: the store stops
+        carrying what it learned of it for every call (a record that still names it is
+        found as before, at the cost of a second round trip). Epochs are kept: a name that
+        comes back must not reuse handles of the instance that had it."""
+
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` if the store cannot answer."""
         ...

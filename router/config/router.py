@@ -186,7 +186,8 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admin_key: Annotated[
         str | None,
         about(
-            "Bearer key for /admin/* (admin endpoints are off without one).",
+            "Bearer key for /admin/*, and for /metrics where api_keys are set or the host is "
+            "beyond loopback (each is off without one).",
             secret=True,
             file="admin_key_file",
         ),
@@ -287,6 +288,12 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     planner: Annotated[
         str | None, about("module:function replacing state.plan (measurement).", hidden=True)
     ] = None
+
+    @property
+    def private_metrics(self) -> bool:
+        """``/metrics`` needs the admin key: it names tenants and every engine's address, so
+        it is the operators' wherever anyone but this machine's users can reach it."""
+        return bool(self.api_keys) or not _loopback(self.host)
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -159,7 +159,7 @@ class InstancePool:
         instance.draining = True
         self.instances.remove(instance)
         del self.by_name[instance.name]
-        self._metrics.forget_instance(instance.name, instance.role)
+        self._metrics.forget_instance(instance.name)
         self._metrics.discovered.labels(instance.role, "left").inc()
         log.info("instance %s left its DNS set", instance.name)
         for listener in self.on_leave:

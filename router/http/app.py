@@ -135,7 +135,9 @@ def create_app(
             pool=pool,
             runner=runner,
             metrics=metrics_,
-            auth=Authenticator(config.api_keys, config.admin_key),
+            auth=Authenticator(
+                config.api_keys, config.admin_key, private_metrics=config.private_metrics
+            ),
             models=models,
             tracing=Tracing.from_environment(),
             clock=clock,
@@ -165,7 +167,9 @@ def create_app(
             if instance.role != "decode":
                 return 0
             release = giving_back(ReleaseCause.INSTANCE_GONE)
-            return await give_back_left(backend, instance, release, runner.ledger, now=clock())
+            given = await give_back_left(backend, instance, release, runner.ledger, now=clock())
+            backend.forget(instance.name)
+            return given
 
         pool.on_join.append(lambda instance: kv.joined(instance.config, instance.model))
         pool.on_leave.append(instance_left)

@@ -21,9 +21,15 @@ def _bearer(header: str | None) -> str | None:
 
 
 class Authenticator:
-    def __init__(self, api_keys: dict[str, str], admin_key: str | None) -> None:
+    """``private_metrics``: ``/metrics`` is the operators' (api keys are set, or the router
+    listens beyond loopback): it names tenants and every engine's address."""
+
+    def __init__(
+        self, api_keys: dict[str, str], admin_key: str | None, *, private_metrics: bool = False
+    ) -> None:
         self._keys = [(key.encode(), tenant) for key, tenant in api_keys.items()]
         self._admin = admin_key.encode() if admin_key else None
+        self._private_metrics = private_metrics
 
     @property
     def enabled(self) -> bool:
@@ -53,3 +59,8 @@ class Authenticator:
             or not hmac.compare_digest(token.encode(), self._admin)
         ):
             raise Unauthorized("admin key required")
+
+    def metrics(self, authorization: str | None) -> None:
+        """``/metrics``: open on a loopback listener without api keys, else the admin key's."""
+        if self._private_metrics:
+            self.admin(authorization)

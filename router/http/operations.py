@@ -59,7 +59,9 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    content = services_of(request).metrics.render()
+    services = services_of(request)
+    services.auth.metrics(request.headers.get("authorization"))
+    content = services.metrics.render()
     return Response(content, media_type="text/plain; version=0.0.4")
 
 

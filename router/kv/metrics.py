@@ -81,3 +81,9 @@ class KvMetrics:
             ["tier"],
             registry=r,
         )
+
+    def forget(self, server: str) -> None:
+        """A member that left: its series go (they come back with it)."""
+        for metric in vars(self).values():
+            if isinstance(metric, Counter | Gauge):
+                metric.forget("server", server)

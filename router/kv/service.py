@@ -84,6 +84,7 @@ class KvEvents:
         self.subscribers.pop(name, None)
         self.index.instances.pop(name, None)
         self.warm.pop(name, None)
+        self.metrics.forget(name)
 
     def _subscribe(self, instance: InstanceConfig) -> None:
         assert instance.kv_events is not None

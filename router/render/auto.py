@@ -194,11 +194,13 @@ class AutoRenderer:
             return None
         return self._local
 
-    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+    async def chat(
+        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+    ) -> list[int]:
         local = self._local_for(body)
         if local is not None:
             try:
-                return await local.chat(body, model, engine_url)
+                return await local.chat(body, model, engine_url, size=size)
             except RenderDeclined:
                 pass  # what vLLM's preprocessing would do here is not reproduced: ask it
         return await self._engine.chat(body, model, engine_url)

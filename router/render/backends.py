@@ -63,8 +63,11 @@ class Renderer(Protocol):
     #: the chat request fields this backend applies when it renders
     renders: frozenset[str]
 
-    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
-        """Token ids of a chat request's prompt. ``engine_url``: a P instance to ask, if any."""
+    async def chat(
+        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+    ) -> list[int]:
+        """Token ids of a chat request's prompt. ``engine_url``: a P instance to ask, if any;
+        ``size``: the request body's bytes (0: not known), a bound on all it renders."""
         ...
 
     async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]: ...
@@ -101,7 +104,9 @@ class EngineTokenize:
             raise RenderFailed("no prefill instance to tokenize with")
         return await self._call(f"{url}/tokenize", body, "tokens")
 
-    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+    async def chat(
+        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+    ) -> list[int]:
         request = {k: body[k] for k in self.renders if k in body}
         request.setdefault("add_generation_prompt", True)
         request["model"] = model
@@ -123,7 +128,9 @@ class RenderServer(EngineTokenize):
         super().__init__(upstream, timeout)
         self._url = url.rstrip("/")
 
-    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
+    async def chat(
+        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+    ) -> list[int]:
         request = {k: body[k] for k in self.renders if k in body}
         request["model"] = model
         return await self._call(f"{self._url}/v1/chat/completions/render", request, "token_ids")
@@ -153,8 +160,10 @@ class LocalRenderer:
         except RenderInputError as exc:
             raise ClientError(str(exc)) from exc
 
-    async def chat(self, body: dict[str, Any], model: str, engine_url: str | None) -> list[int]:
-        if _text_size(body.get("messages")) < INLINE_CHARS:
+    async def chat(
+        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+    ) -> list[int]:
+        if size < INLINE_BYTES and _text_size(body.get("messages")) < INLINE_CHARS:
             return self._render(body)
         return await asyncio.to_thread(self._render, body)
 
@@ -179,6 +188,9 @@ class LocalRenderer:
 #: (``bench/RESULTS.md``). Longer ones go to a thread, so that a 10k-token prompt's few ms
 #: of tokenizing (its new spans) do not hold up every other turn.
 INLINE_CHARS = 4096
+#: Nor a body larger than this: what else it renders (tools, tool calls' arguments) counts
+#: too, and a 10 MB tools list rendered on the loop held every other turn for 0.33 s.
+INLINE_BYTES = 16 * 1024
 
 
 def _text_size(messages: Any) -> int:

@@ -5,12 +5,15 @@ reports what happened in between, merged over the replicas (``--since 0``: one r
 everything since the routers started). From a Prometheus server that scrapes them: the same
 report of the last ``--since``, at once. ``--watch`` prints one report per window until
 stopped (``--count N``: N of them). Markdown by default, ``--json`` for machines (one line per
-report), ``--png FILE`` to draw it too.
+report), ``--png FILE`` to draw it too. A router with api keys, or listening beyond loopback,
+serves ``/metrics`` to its admin key: the report sends ``CARRYOVER_ADMIN_KEY`` (or the file
+``CARRYOVER_ADMIN_KEY_FILE`` names).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -45,10 +48,19 @@ def parse_duration(text: str) -> float:
     return float(found.group(1)) * _UNITS[found.group(2)]
 
 
+def _admin_key() -> str | None:
+    """The routers' admin key, from the variables the router reads it from: a router with
+    api keys, or beyond loopback, serves its metrics to operators only."""
+    path = os.environ.get("CARRYOVER_ADMIN_KEY_FILE")
+    if path:
+        return Path(path).read_text().strip() or None
+    return os.environ.get("CARRYOVER_ADMIN_KEY") or None
+
+
 def _read(url: str) -> tuple[Samples, frozenset[str]]:
     try:
-        return scrape(url)
-    except httpx.HTTPError as exc:
+        return scrape(url, admin_key=_admin_key())
+    except (httpx.HTTPError, OSError) as exc:
         raise Unreadable(url, exc) from exc
 
 

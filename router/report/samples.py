@@ -64,9 +64,13 @@ def delta(
     return changed
 
 
-def scrape(url: str, *, timeout: float = 10.0) -> tuple[Samples, frozenset[str]]:
-    """One router's ``/metrics`` (``url`` is its base URL or the metrics URL itself)."""
+def scrape(
+    url: str, *, timeout: float = 10.0, admin_key: str | None = None
+) -> tuple[Samples, frozenset[str]]:
+    """One router's ``/metrics`` (``url`` is its base URL or the metrics URL itself);
+    ``admin_key``: sent where the router keeps its metrics for operators."""
     target = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
-    response = httpx.get(target, timeout=timeout)
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else None
+    response = httpx.get(target, timeout=timeout, headers=headers)
     response.raise_for_status()
     return parse(response.text)

@@ -61,6 +61,7 @@ class TurnRequest:
     turn: int | None  # chat: the number of user messages; completions: from the record
     tenant: str = "default"
     model_name_known: bool = True  # False: the engines' served name is not known yet
+    body_bytes: int = 0  # the client's body as it came: what rendering it may cost at most
     started: float = field(default_factory=time.monotonic)
     trace: TurnTrace = NO_TRACE
 

@@ -232,7 +232,7 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
             url = instance.url if instance is not None else None
             try:
                 if req.chat:
-                    return await renderer.chat(body, req.model_name, url)
+                    return await renderer.chat(body, req.model_name, url, size=req.body_bytes)
                 return await renderer.text(str(req.body.get("prompt")), req.model_name, url)
             except RenderFailed as exc:
                 log.warning("render failed (attempt %d): %s", attempt + 1, exc)

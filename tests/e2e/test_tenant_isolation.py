@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from carryover.bench.redis_server import RedisServer
-from tests.support.metrics import ascrape
+from tests.support.metrics import OPERATOR_KEY, ascrape
 from tests.support.secrets import REDIS_PASSWORD as PASSWORD
 from tests.support.secrets import register
 from tests.support.stack import Stack, chat_turn, stack
 from tests.support.waiting import eventually
 
-ALPHA, BETA, ADMIN = "sk-alpha-4f1c9a7d2b", "sk-beta-8e3d6b0a51", "sk-admin-c27e95fd04"
+ALPHA, BETA, ADMIN = "sk-alpha-4f1c9a7d2b", "sk-beta-8e3d6b0a51", OPERATOR_KEY
 PROMPT = "Summarize the quarterly report on river gardens and their stones, page by page. " * 6
 POISON = "POISON-PILL-7c1e"
 

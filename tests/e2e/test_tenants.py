@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.metrics import OPERATOR_KEY
 from tests.support.secrets import admin_key_flags, register
 from tests.support.stack import chat_turn, reference_chat, stack
 
@@ -16,10 +17,10 @@ TEXT = "Tell me about rivers and stones in an old garden and the gardener who mi
 
 
 def config_file(tmp_path: Path) -> Path:
-    register(*KEYS, "sk-admin-secret")
+    register(*KEYS, OPERATOR_KEY)
     path = tmp_path / "carryover.toml"
     keys = ", ".join(f'"{k}" = "{v}"' for k, v in KEYS.items())
-    path.write_text(f'[router]\napi_keys = {{ {keys} }}\nadmin_key = "sk-admin-secret"\n')
+    path.write_text(f'[router]\napi_keys = {{ {keys} }}\nadmin_key = "{OPERATOR_KEY}"\n')
     return path
 
 
@@ -49,7 +50,7 @@ async def test_tenants_cannot_reach_each_others_state(tmp_path: Path) -> None:
             == (await reference_chat(s, a_msgs, max_tokens=20)).content
         )
 
-        admin = {"Authorization": "Bearer sk-admin-secret"}
+        admin = {"Authorization": f"Bearer {OPERATOR_KEY}"}
         summary = await s.client.get(
             s.router.url + "/admin/conversations/shared-id?tenant=alpha", headers=admin
         )
@@ -100,10 +101,10 @@ async def test_requests_without_a_valid_key_are_refused(
 
 
 async def test_drain_takes_an_instance_out_of_rotation(tmp_path: Path) -> None:
-    flags = admin_key_flags(tmp_path, "sk-admin-secret")
+    flags = admin_key_flags(tmp_path, OPERATOR_KEY)
     async with stack(tmp_path, decodes=2, router_flags=flags) as s:
         name = s.decode[0].url.removeprefix("http://")
-        admin = {"Authorization": "Bearer sk-admin-secret"}
+        admin = {"Authorization": f"Bearer {OPERATOR_KEY}"}
         r = await s.client.post(f"{s.router.url}/admin/instances/{name}/drain", headers=admin)
         assert r.json()["draining"] is True
         for i in range(6):
@@ -121,7 +122,7 @@ async def test_a_conversation_id_with_slashes_can_be_inspected_and_ended(tmp_pat
     flags = ("--config", str(config_file(tmp_path)))
     async with stack(tmp_path, router_flags=flags) as s:
         alpha = {"Authorization": "Bearer sk-alpha-0123456789"}
-        admin = {"Authorization": "Bearer sk-admin-secret"}
+        admin = {"Authorization": f"Bearer {OPERATOR_KEY}"}
         body = {
             "model": "sim-qwen3",
             "max_tokens": 8,

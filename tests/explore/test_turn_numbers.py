@@ -30,7 +30,8 @@ async def test_an_agent_loops_turns_are_numbered_in_the_metrics() -> None:
     engines = Engines(["p0:8000"], ["d0:8000"])
     args = ["--prefill", "http://p0:8000", "--decode", "http://d0:8000"]
     args += ["--render-backend", "engine", "--expose-path-header", "--health-interval", "3600"]
-    config = load_config(args, environ={"CARRYOVER_API_KEYS": json.dumps(KEYS)})
+    environ = {"CARRYOVER_API_KEYS": json.dumps(KEYS), "CARRYOVER_ADMIN_KEY": "sk-admin"}
+    config = load_config(args, environ=environ)
     app = create_app(
         config, transport=engines, store=MemoryStore(clock=lambda: NOW), clock=lambda: NOW
     )
@@ -60,5 +61,6 @@ async def test_an_agent_loops_turns_are_numbered_in_the_metrics() -> None:
                 {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": f"call-{step}", "content": f"river {step}"},
             ]
-        metrics = (await client.get("/metrics")).text
+        admin = {"Authorization": "Bearer sk-admin"}
+        metrics = (await client.get("/metrics", headers=admin)).text
     assert _answered_by_turn(metrics) == {"1": 1, "2": 1, "3-5": 3, "6-10": 5}

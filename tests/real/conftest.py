@@ -44,6 +44,7 @@ from carryover.bench.real.lmcache import LmcacheServer
 from carryover.bench.redis_server import RedisServer
 from tests.real.served import SERVER_PARSERS, ServedAnswers, record_served_answers
 from tests.support.http import ResendStaleGets
+from tests.support.metrics import OPERATOR_KEY
 from tests.support.router_proc import RouterProcess
 
 pytestmark = pytest.mark.real
@@ -197,7 +198,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 
 #: The admin key the tier's routers get (by the environment: no flag carries a secret).
-ADMIN_ENV = {"CARRYOVER_ADMIN_KEY": "admin-secret"}
+ADMIN_ENV = {"CARRYOVER_ADMIN_KEY": OPERATOR_KEY}
 
 
 def router_flags(pair: VllmPair, redis: RedisServer, *extra: str) -> list[str]:

@@ -28,18 +28,30 @@ def parse(text: str) -> dict[str, float]:
     return values
 
 
+#: The admin key of the tests' routers that have api keys: their ``/metrics`` answers it
+#: only (docs/operations.md). Every scrape sends it; engines and open routers ignore it.
+OPERATOR_KEY = "sk-operator-7d41c0b9e2"
+_OPERATOR = {"Authorization": f"Bearer {OPERATOR_KEY}"}
+
+
 async def turns_by_path(client: httpx.AsyncClient, router_url: str) -> Counter[str]:
     """The router's turns by path, as ``carryover report`` reads them from its ``/metrics``."""
-    samples, _ = parse_samples((await client.get(f"{router_url}/metrics")).text)
+    text = (await client.get(f"{router_url}/metrics", headers=_OPERATOR)).text
+    samples, _ = parse_samples(text)
     return Counter(summarize(samples, window_s=None, routers=1).turns_by_path)
 
 
 def scrape(base_url: str) -> dict[str, float]:
-    return parse(httpx.get(f"{base_url}/metrics", timeout=5).text)
+    return parse(_read(httpx.get(f"{base_url}/metrics", timeout=5, headers=_OPERATOR)))
 
 
 async def ascrape(client: httpx.AsyncClient, base_url: str) -> dict[str, float]:
-    return parse((await client.get(f"{base_url}/metrics")).text)
+    return parse(_read(await client.get(f"{base_url}/metrics", headers=_OPERATOR)))
+
+
+def _read(response: httpx.Response) -> str:
+    assert response.status_code == 200, f"{response.request.url}: {response.status_code}"
+    return response.text
 
 
 def ledger_open(values: dict[str, float]) -> float:

@@ -214,6 +214,11 @@ def test_the_observability_profile_scrapes_every_router_and_engine_and_shows_the
         if "--kv-transfer-config" in s.get("command", []) or (s.get("command", [None])[0] == "sim")
     }
     assert scraped["carryover"] == routers and scraped["vllm"] == engines
+    # The routers have api keys: their /metrics answers the admin key, which Prometheus sends.
+    (job,) = (j for j in prometheus["scrape_configs"] if j["job_name"] == "carryover")
+    key_file = job["authorization"]["credentials_file"]
+    assert key_file == "/run/secrets/admin_key" and "admin_key" in services["prometheus"]["secrets"]
+    assert all("admin_key" in services[name].get("secrets", []) for name in routers)
     datasource = yaml.safe_load(
         (root / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
     )["datasources"][0]
