@@ -58,7 +58,7 @@ class CompletionView(_Common):
 
 
 def parse_body(
-    raw: bytes, *, chat: bool, max_messages: int
+    raw: bytes, *, chat: bool, max_messages: int, max_tools: int = 1024
 ) -> tuple[dict[str, Any], ChatView | CompletionView]:
     """Decode and validate a request body; 400 with msgspec's message on anything malformed."""
     try:
@@ -99,6 +99,9 @@ def parse_body(
             raise BadRequest("messages must be a non-empty list", param="messages")
         if len(view.messages) > max_messages:
             raise BadRequest(f"at most {max_messages} messages are accepted", param="messages")
+        tools = body.get("tools")
+        if isinstance(tools, list) and len(tools) > max_tools:
+            raise BadRequest(f"at most {max_tools} tools are accepted", param="tools")
         for message in view.messages:
             role = message.get("role")
             if not isinstance(role, str) or role not in _ROLES:

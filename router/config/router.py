@@ -174,6 +174,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ] = 0.25
     max_body_bytes: Annotated[int, about("Larger request bodies get 413.")] = 32 * 1024 * 1024
     max_messages: Annotated[int, about("More chat messages than this get 400.")] = 4096
+    max_tools: Annotated[int, about("More tools in a chat request than this get 400.")] = 1024
     api_keys: Annotated[
         dict[str, str],
         about(
@@ -323,5 +324,5 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 "would be tenant 'default'; set api_keys_file (or api_keys), or "
                 "allow_unauthenticated (--allow-unauthenticated) to mean it"
             )
-        if self.max_body_bytes <= 0 or self.max_messages <= 0:
-            raise ConfigError("max_body_bytes and max_messages must be positive")
+        if self.max_body_bytes <= 0 or self.max_messages <= 0 or self.max_tools <= 0:
+            raise ConfigError("max_body_bytes, max_messages and max_tools must be positive")

@@ -108,6 +108,17 @@ async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
             400,
             None,
         ),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [
+                    {"type": "function", "function": {"name": f"f{n}", "parameters": {}}}
+                    for n in range(1025)
+                ],
+            },
+            400,
+            "tools",
+        ),
         *(
             (
                 {"messages": [{"role": "user", "content": "x"}], "cache_salt": salt},

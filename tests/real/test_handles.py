@@ -31,7 +31,7 @@ from tests.real.helpers import (
     tokenize,
     urls,
 )
-from tests.support.metrics import ascrape
+from tests.support.metrics import OPERATOR_KEY, ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 
@@ -95,7 +95,7 @@ async def test_prefill_unavailable_decode_serves_alone_and_reuse_continues(
     # start on this machine, so the pair is never split).
     p_url, _ = urls(vllm_pair)
     nonce = uuid.uuid4().hex[:8]
-    admin = {"Authorization": "Bearer admin-secret"}
+    admin = {"Authorization": f"Bearer {OPERATOR_KEY}"}
     p_name = p_url.removeprefix("http://")
     messages: list[dict[str, Any]] = [{"role": "user", "content": text(nonce, 0, 300)}]
     drained = await client.post(f"{real_router.url}/admin/instances/{p_name}/drain", headers=admin)

@@ -35,13 +35,13 @@ from tests.real.helpers import (
     same_output,
     urls,
 )
-from tests.support.metrics import ascrape
+from tests.support.metrics import OPERATOR_KEY, ascrape
 from tests.support.router_proc import RouterProcess
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.real, pytest.mark.engines("warm")]
 
-ADMIN = {"Authorization": "Bearer admin-secret"}
+ADMIN = {"Authorization": f"Bearer {OPERATOR_KEY}"}
 
 
 @pytest.fixture
