@@ -66,7 +66,9 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
         return result
 
     raw = _encoder.encode({"model": "m", "messages": history, "stream": True, "max_tokens": 600})
-    body, _ = timed("client body", lambda: parse_body(raw, chat=True, max_messages=10_000))
+    body, _ = timed(
+        "client body", lambda: parse_body(raw, chat=True, max_messages=10_000, max_tools=1024)
+    )
     ids: list[int] = timed("render", lambda: template.encode(template.render_text(history)))
     hashed = timed("store hashes", lambda: HashedTokens(ids, chunk_size_for(16)))
     timed("index keys", lambda: Prompt(ids, packed=hashed.packed).keys(16))

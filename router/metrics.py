@@ -72,8 +72,12 @@ class _RemembersChildren:
             return
         index = names.index(label)
         made: dict[tuple[str, ...], Any] = self._metrics  # type: ignore[attr-defined]
-        for key in [k for k in list(made) if k[index] == value]:
-            self.remove(*key)
+        gone = [k for k in list(made) if k[index] == value]
+        if not gone:
+            return
+        self._children = {k: c for k, c in self._children.items() if str(k[index]) != value}
+        for key in gone:
+            super().remove(*key)  # type: ignore[misc]
 
 
 class Counter(_RemembersChildren, prometheus_client.Counter):

@@ -58,7 +58,7 @@ class CompletionView(_Common):
 
 
 def parse_body(
-    raw: bytes, *, chat: bool, max_messages: int, max_tools: int = 1024
+    raw: bytes, *, chat: bool, max_messages: int, max_tools: int
 ) -> tuple[dict[str, Any], ChatView | CompletionView]:
     """Decode and validate a request body; 400 with msgspec's message on anything malformed."""
     try:

@@ -235,7 +235,9 @@ def test_refused_fields_are_a_400_naming_the_field(chat: bool, name: str, value:
     assert refused_field({**body, name: value}, chat=chat) == name
     assert refused_field({**body, "use_beam_search": False}, chat=chat) is None
     with pytest.raises(BadRequest) as raised:
-        parse_body(json.dumps({**body, name: value}).encode(), chat=chat, max_messages=8)
+        parse_body(
+            json.dumps({**body, name: value}).encode(), chat=chat, max_messages=8, max_tools=8
+        )
     assert raised.value.param == name
 
 
