@@ -287,6 +287,14 @@ class RouterMetrics:
             multiprocess_mode="livemostrecent",
             registry=r,
         )
+        self.store_kept = Gauge(
+            "carryover_store_kept",
+            "What the store keeps in this router's memory, by kind (records and DELETE fences "
+            "in process; decode names the Redis store carries in every record script).",
+            ["kind"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.held_expired = Counter(
             "carryover_decode_handles_expired_unused",
             "Stored handles that expired unclaimed (the conversation never came back or ended "

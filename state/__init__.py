@@ -22,7 +22,15 @@ from carryover.state.prefix import (
 )
 from carryover.state.records import Record
 from carryover.state.redis_store import Durability, NotDurable, RedisStore
-from carryover.state.store import Committed, Held, Oldest, Store, StoreUnavailable, TenantUsage
+from carryover.state.store import (
+    Committed,
+    Held,
+    Kept,
+    Oldest,
+    Store,
+    StoreUnavailable,
+    TenantUsage,
+)
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -32,6 +40,7 @@ __all__ = [
     "HashedTokens",
     "Held",
     "InvalidIdentifier",
+    "Kept",
     "MemoryStore",
     "NotDurable",
     "Oldest",

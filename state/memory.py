@@ -11,7 +11,7 @@ from collections.abc import Callable
 from carryover.state.keys import ConversationKey
 from carryover.state.records import Record
 from carryover.state.relief import largest_holders_first
-from carryover.state.store import Committed, Held, Oldest, TenantUsage
+from carryover.state.store import Committed, Held, Kept, Oldest, TenantUsage
 
 __all__ = ["MemoryStore"]
 
@@ -109,11 +109,6 @@ class MemoryStore:
                 self.fences_evicted += 1
         return record
 
-    @property
-    def fences(self) -> int:
-        """Fences of ended conversations held now (at most ``fence_limit``)."""
-        return len(self._ended)
-
     async def observe_identity(self, instance: str, identity: str) -> int:
         seen = self._identities.get(instance)
         self._identities[instance] = identity
@@ -177,6 +172,9 @@ class MemoryStore:
 
     def forget(self, instance: str) -> None:
         self._expired.pop(instance, None)
+
+    def kept(self) -> dict[Kept, int]:
+        return {Kept.RECORDS: len(self._records), Kept.FENCES: len(self._ended)}
 
     async def take_turn(self, name: str, seconds: float, *, now: float) -> bool:
         if self._turns.get(name, 0.0) > now:

@@ -48,7 +48,7 @@ from carryover.state.redis_held import HeldIndexCalls
 from carryover.state.redis_values import decode_value, encode_value
 from carryover.state.resp import Arg, RespError, Script
 from carryover.state.slots import shard_tags
-from carryover.state.store import Committed, StoreUnavailable
+from carryover.state.store import Committed, Kept, StoreUnavailable
 
 __all__ = ["Durability", "NotDurable", "RedisStore"]
 
@@ -236,6 +236,9 @@ class RedisStore(FleetCalls, HeldIndexCalls):
         if instance in self._instances:
             self._instances = known = [n for n in self._instances if n != instance]
             self._head = [len(known), *known]
+
+    def kept(self) -> dict[Kept, int]:
+        return {Kept.DECODE_NAMES: len(self._instances)}
 
     async def _on_record(
         self, script: Script, key: ConversationKey, args: Sequence[Arg]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -9,7 +10,7 @@ import msgspec
 from carryover.state.keys import ConversationKey
 from carryover.state.records import Record
 
-__all__ = ["Committed", "Held", "Oldest", "Store", "StoreUnavailable"]
+__all__ = ["Committed", "Held", "Kept", "Oldest", "Store", "StoreUnavailable"]
 
 
 class StoreUnavailable(Exception):
@@ -65,6 +66,14 @@ class Oldest(msgspec.Struct, frozen=True):
 
     records: list[Record]
     withheld: int = 0
+
+
+class Kept(StrEnum):
+    """What a store keeps in the router's own memory, by kind (each bounded: docs/operations.md)."""
+
+    RECORDS = "records"  #: conversation records (in process only; Redis keeps its own)
+    FENCES = "fences"  #: DELETE fences (in process only; in Redis a key each, with a TTL)
+    DECODE_NAMES = "decode_names"  #: decode names the Redis store carries in each record script
 
 
 class TenantUsage(msgspec.Struct, frozen=True):
@@ -161,6 +170,11 @@ class Store(Protocol):
         carrying what it learned of it for every call (a record that still names it is
         found as before, at the cost of a second round trip). Epochs are kept: a name that
         comes back must not reuse handles of the instance that had it."""
+
+    def kept(self) -> dict[Kept, int]:
+        """How many of each kind this process keeps now (read for ``carryover_store_kept``);
+        kinds the backend does not keep in this process are absent."""
+        ...
 
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailable` if the store cannot answer."""

@@ -27,6 +27,8 @@ async def report_held(store: Store, decode_names: list[str], metrics: RouterMetr
         oldest = stats.oldest_created_at
         metrics.held_oldest.labels(name).set(max(0.0, now - oldest) if oldest else 0.0)
         metrics.held_expired.labels(name).inc(stats.expired)
+    for kind, count in store.kept().items():
+        metrics.store_kept.labels(kind).set(count)
 
 
 async def report_held_forever(

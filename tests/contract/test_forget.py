@@ -9,7 +9,7 @@ import time
 import uuid
 
 from carryover.bench.redis_server import RedisServer
-from carryover.state import ConversationKey, RedisStore
+from carryover.state import ConversationKey, Kept, RedisStore
 from tests.support.records import make_record
 
 
@@ -27,12 +27,12 @@ async def test_departed_instances_are_forgotten_and_a_record_naming_one_still_ke
         for n in range(50):
             record = make_record(1, decode=f"d{n}")
             assert (await store.commit(_key(n), record, now=time.time())).written
-        assert len(store.known) == 50
+        assert len(store.known) == 50 and store.kept() == {Kept.DECODE_NAMES: 50}
         for n in range(1, 49):  # these left; their records were given back
             assert await store.claim(_key(n)) is not None
             store.forget(f"d{n}")
         store.forget("d0")  # left, but its record is still stored
-        assert store.known == ["d49"]
+        assert store.known == ["d49"] and store.kept() == {Kept.DECODE_NAMES: 1}
         # The record naming d0 is claimed and taken out of d0's index all the same.
         assert (await store.held(["d0"], now=time.time()))["d0"].count == 1
         assert await store.claim(_key(0)) is not None

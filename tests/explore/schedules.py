@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
+from litestar import Litestar
 
 from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
@@ -297,26 +301,59 @@ async def _after(steps: int, event: asyncio.Event, counted: list[int]) -> None:
     event.set()
 
 
-async def run(schedule: Schedule) -> Run:
-    prefill = [f"p{i}:8000" for i in range(schedule.prefills)]
-    decode = [f"d{i}:8000" for i in range(schedule.decodes)]
-    engines = Engines(prefill, decode, models_down=not schedule.names_known)
-    store = FaultyStore()
-    args = ["--health-interval", "3600", "--when-prefill-down", schedule.when_prefill_down]
+class _Seam(httpx.AsyncBaseTransport):
+    """The transport and the store one built app uses, pointed at each schedule's own in
+    turn: building the app (Litestar parses every handler's signature) cost more than the
+    schedule it ran."""
+
+    def __init__(self) -> None:
+        self.engines: Engines | None = None
+        self.store: FaultyStore | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        assert self.engines is not None
+        return await self.engines.handle_async_request(request)
+
+
+class _SeamStore:
+    def __init__(self, seam: _Seam) -> None:
+        self._seam = seam
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._seam.store, name)
+
+
+@functools.cache
+def _router(prefills: int, decodes: int, when_prefill_down: str) -> tuple[Litestar, _Seam]:
+    """One app per fleet and policy, whose lifespan each schedule enters afresh (a new pool,
+    runner, ledger and metrics each time)."""
+    args = ["--health-interval", "3600", "--when-prefill-down", when_prefill_down]
     args += [
         "--render-backend",
         "engine",
         "--expose-path-header",
     ]  # P's /tokenize: the engines' own rendering
-    for host in prefill:
-        args += ["--prefill", f"http://{host}"]
-    for host in decode:
-        args += ["--decode", f"http://{host}"]
+    for i in range(prefills):
+        args += ["--prefill", f"http://p{i}:8000"]
+    for i in range(decodes):
+        args += ["--decode", f"http://d{i}:8000"]
     config = load_config(args, environ={"CARRYOVER_API_KEYS": json.dumps(KEYS)})
-    app = create_app(config, transport=engines, store=store, clock=lambda: NOW, seed=schedule.seed)
+    seam = _Seam()
+    store: Any = _SeamStore(seam)
+    return create_app(config, transport=seam, store=store, clock=lambda: NOW, seed=0), seam
+
+
+async def run(schedule: Schedule) -> Run:
+    prefill = [f"p{i}:8000" for i in range(schedule.prefills)]
+    decode = [f"d{i}:8000" for i in range(schedule.decodes)]
+    engines = Engines(prefill, decode, models_down=not schedule.names_known)
+    store = FaultyStore()
+    app, seam = _router(schedule.prefills, schedule.decodes, schedule.when_prefill_down)
+    seam.engines, seam.store = engines, store
     result = Run(schedule, engines, store)
     async with app.lifespan():
         services = app.state.services
+        services.runner._svc.rng.seed(schedule.seed)  # the pool's and the release's choices
         if schedule.names_known:  # the router asks the engines' served name in the background
             await until(lambda: all(r.name for r in services.models), "the served model's name")
         history: list[dict[str, Any]] = []
