@@ -24,7 +24,7 @@ import msgspec
 from carryover.bench.workload import Distribution, WorkloadSpec, filler, generate
 from carryover.router.config import InstanceConfig, ModelConfig
 from carryover.router.kv.index import Prompt
-from carryover.router.openai import parse_body
+from carryover.router.openai import BodyLimits, parse_body
 from carryover.router.relay import DecodeOutput
 from carryover.router.render.backends import Renderer
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
@@ -67,7 +67,7 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
 
     raw = _encoder.encode({"model": "m", "messages": history, "stream": True, "max_tokens": 600})
     body, _ = timed(
-        "client body", lambda: parse_body(raw, chat=True, max_messages=10_000, max_tools=1024)
+        "client body", lambda: parse_body(raw, chat=True, limits=BodyLimits(10_000, 1024, 128))
     )
     ids: list[int] = timed("render", lambda: template.encode(template.render_text(history)))
     hashed = timed("store hashes", lambda: HashedTokens(ids, chunk_size_for(16)))

@@ -11,6 +11,10 @@ import msgspec
 from carryover.router.config.engines import ModelConfig
 from carryover.router.config.errors import ConfigError, about
 
+#: The deepest max_nesting_depth: rendering a body takes a few frames a level, and Python
+#: stops at 1,000.
+_DEEPEST = 256
+
 __all__ = [
     "CONFIG_ENV",
     "LOG_LEVELS",
@@ -175,6 +179,10 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: Annotated[int, about("Larger request bodies get 413.")] = 32 * 1024 * 1024
     max_messages: Annotated[int, about("More chat messages than this get 400.")] = 4096
     max_tools: Annotated[int, about("More tools in a chat request than this get 400.")] = 1024
+    max_nesting_depth: Annotated[
+        int,
+        about("JSON nested deeper than this, in the body or in a tool call's arguments, gets 400."),
+    ] = 128
     api_keys: Annotated[
         dict[str, str],
         about(
@@ -324,5 +332,7 @@ class RouterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 "would be tenant 'default'; set api_keys_file (or api_keys), or "
                 "allow_unauthenticated (--allow-unauthenticated) to mean it"
             )
-        if self.max_body_bytes <= 0 or self.max_messages <= 0 or self.max_tools <= 0:
+        if min(self.max_body_bytes, self.max_messages, self.max_tools) <= 0:
             raise ConfigError("max_body_bytes, max_messages and max_tools must be positive")
+        if not 1 <= self.max_nesting_depth <= _DEEPEST:
+            raise ConfigError(f"max_nesting_depth must be between 1 and {_DEEPEST}")

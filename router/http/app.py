@@ -42,6 +42,7 @@ from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.service import KvEvents
 from carryover.router.loop_lag import watch_loop_lag
 from carryover.router.metrics import RouterMetrics
+from carryover.router.openai import BodyLimits
 from carryover.router.outcomes import ReleaseCause
 from carryover.router.render.choose import Renderers
 from carryover.router.store import check_store, open_store
@@ -144,6 +145,7 @@ def create_app(
             kv=kv,
             salts=salts_of(config),
             gate=gate,
+            limits=BodyLimits(config.max_messages, config.max_tools, config.max_nesting_depth),
         )
         app.state.services = services
         kv.start()

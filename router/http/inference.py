@@ -145,17 +145,12 @@ async def _generate(
     headers = _headers(scope)
     tenant = services.auth.tenant(headers.get("authorization"))
     raw = await _body(receive, headers, services.config.max_body_bytes)
-    parse = functools.partial(
-        parse_body,
-        raw,
-        chat=chat,
-        max_messages=services.config.max_messages,
-        max_tools=services.config.max_tools,
-    )
     if len(raw) < _DECODE_INLINE_BYTES:
-        body, view = parse()
+        body, view = parse_body(raw, chat=chat, limits=services.limits)
     else:  # a large body is decoded and checked off the loop: the other turns go on
-        body, view = await asyncio.to_thread(parse)
+        body, view = await asyncio.to_thread(
+            functools.partial(parse_body, raw, chat=chat, limits=services.limits)
+        )
     conversation_id = _conversation_id(services, headers, body)
     services.gate.clamp_priority(tenant, body)
     client_salt = check_client_salt(body.get("cache_salt"))

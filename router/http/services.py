@@ -17,6 +17,7 @@ from carryover.router.fleet.pool import InstancePool
 from carryover.router.http.auth import Authenticator
 from carryover.router.kv.service import KvEvents
 from carryover.router.metrics import RouterMetrics
+from carryover.router.openai import BodyLimits
 from carryover.router.tenants.limits import TenantGate
 from carryover.router.tenants.salt import CacheSalts
 from carryover.router.tracing import Tracing
@@ -41,6 +42,7 @@ class Services:
     kv: KvEvents
     salts: CacheSalts
     gate: TenantGate
+    limits: BodyLimits  # what one request may hold
     clock: Callable[[], float] = time.time
     in_flight: int = 0
     closing: bool = False

@@ -24,7 +24,15 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     log_dir: Path = tmp_path_factory.mktemp("bad-input")
     async with stack(
-        log_dir, router_flags=("--max-body-bytes", "65536", "--max-messages", "16")
+        log_dir,
+        router_flags=(
+            "--max-body-bytes",
+            "65536",
+            "--max-messages",
+            "16",
+            "--max-nesting-depth",
+            "12",
+        ),
     ) as s:
         yield s
 
@@ -141,6 +149,54 @@ async def test_bad_bodies_get_openai_errors(
     assert error["code"] == status and error["message"]
     if param is not None:
         assert error["param"] == param
+
+
+def _nested(depth: int) -> Any:
+    """A JSON value ``depth`` levels deep (objects and arrays alternating)."""
+    value: Any = "leaf"
+    for level in range(depth):
+        value = {"a": value} if level % 2 else [value]
+    return value
+
+
+def _arguments_call(depth: int) -> dict[str, Any]:
+    call = {"name": "f", "arguments": json.dumps(_nested(depth))}
+    return {
+        "messages": [
+            {"role": "user", "content": "x"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "type": "function", "function": call}],
+            },
+            {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        ]
+    }
+
+
+@pytest.mark.parametrize("where", ["body", "tool call arguments", "completion"])
+async def test_json_nested_past_max_nesting_depth_is_400_and_at_it_is_served(
+    bad_input_stack: Stack, where: str
+) -> None:
+    s = bad_input_stack
+
+    def request(depth: int) -> tuple[str, dict[str, Any]]:
+        if where == "completion":  # the top object and its "x" field are two levels
+            return "/v1/completions", {"prompt": "hi", "max_tokens": 2, "x": _nested(depth - 1)}
+        if where == "body":  # the top object, "x" and the nested value under it
+            return "/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2,
+                "x": _nested(depth - 1),
+            }
+        return "/v1/chat/completions", {**_arguments_call(depth), "max_tokens": 2}
+
+    for depth, status in ((12, 200), (13, 400)):
+        path, body = request(depth)
+        r = await s.client.post(s.router.url + path, json={"model": "sim-qwen3", **body})
+        assert r.status_code == status, (depth, r.text)
+    error = r.json()["error"]
+    assert error["code"] == 400 and "nested more than 12 deep" in error["message"]
+    assert error["param"] == ("messages" if where == "tool call arguments" else None)
 
 
 @pytest.mark.parametrize(

@@ -188,3 +188,15 @@ def test_the_pin_limit_comes_from_flags_and_must_be_positive() -> None:
     assert never.decode_kv_pin_limit == 2
     with pytest.raises(ConfigError, match="decode_kv_pin_limit"):
         load_config(["--decode", "http://d:1", "--decode-kv-pin-limit", "0"], environ={})
+
+
+def test_request_limits_come_from_flags_and_must_be_in_range() -> None:
+    loaded = load_config(["--decode", "http://d:1"], environ={})
+    assert (loaded.max_tools, loaded.max_nesting_depth) == (1024, 128)
+    deep = load_config(["--decode", "http://d:1", "--max-nesting-depth", "32"], environ={})
+    assert deep.max_nesting_depth == 32
+    for bad in ("0", "257"):
+        with pytest.raises(ConfigError, match="max_nesting_depth"):
+            load_config(["--decode", "http://d:1", "--max-nesting-depth", bad], environ={})
+    with pytest.raises(ConfigError, match="max_tools"):
+        load_config(["--decode", "http://d:1", "--max-tools", "0"], environ={})

@@ -18,7 +18,7 @@ from carryover.router.fields import (
     refused_field,
     reuse_blockers,
 )
-from carryover.router.openai import parse_body
+from carryover.router.openai import BodyLimits, parse_body
 from carryover.router.render.backends import EngineTokenize, Renderer
 from carryover.router.turn.api import engine_api
 from carryover.router.turn.runtime import ModelRuntime
@@ -236,7 +236,7 @@ def test_refused_fields_are_a_400_naming_the_field(chat: bool, name: str, value:
     assert refused_field({**body, "use_beam_search": False}, chat=chat) is None
     with pytest.raises(BadRequest) as raised:
         parse_body(
-            json.dumps({**body, name: value}).encode(), chat=chat, max_messages=8, max_tools=8
+            json.dumps({**body, name: value}).encode(), chat=chat, limits=BodyLimits(8, 8, 8)
         )
     assert raised.value.param == name
 
