@@ -157,6 +157,30 @@ def _tenant_salt(args: argparse.Namespace) -> None:
     )
 
 
+def _soak(args: argparse.Namespace) -> None:
+    if not args.churn:
+        from carryover.bench import soak
+
+        soak.main(["--minutes", str(args.minutes), "--out", str(args.out)])
+        return
+    import dataclasses
+    import json
+
+    from carryover.bench.churn import ChurnPlan, render_churn, run_churn
+
+    plan = ChurnPlan.short() if args.short else ChurnPlan()
+    if args.seconds is not None:
+        plan = dataclasses.replace(plan, seconds=args.seconds)
+    report = run_churn(dataclasses.replace(plan, seed=args.seed))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "churn.json").write_text(json.dumps(report, indent=2))
+    (args.out / "churn.md").write_text(render_churn(report) + "\n")
+    print(render_churn(report))
+    print(f"written to {args.out}")
+    if report["grown"]:
+        raise SystemExit(1)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="carryover bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -312,6 +336,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     s.add_argument("--concurrency", type=int, default=64)
     s.add_argument("--out", type=Path, default=Path("results/sim"))
     s.set_defaults(func=_sim_throughput)
+    k = sub.add_parser("soak", help="what the router keeps and spends over time, under churn")
+    k.add_argument(
+        "--churn",
+        action="store_true",
+        help="DNS churn, DELETE floods, large tool lists, abandoned conversations "
+        "(bench/churn.py); without: two routers over Redis (bench/soak.py)",
+    )
+    k.add_argument("--short", action="store_true", help="the churn soak's CI version")
+    k.add_argument("--seconds", type=float, help="the churn soak's measured seconds")
+    k.add_argument("--minutes", type=float, default=10.0, help="the conversation soak's length")
+    k.add_argument("--seed", type=int, default=0)
+    k.add_argument("--out", type=Path, default=Path("results/soak"))
+    k.set_defaults(func=_soak)
     t = sub.add_parser("tenant-salt", help="what a cache salt per tenant costs")
     t.add_argument("--tenants", type=int, default=8)
     t.add_argument("--per-tenant", type=int, default=4, help="first turns per tenant")

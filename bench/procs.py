@@ -174,10 +174,16 @@ class Topology:
         return self._spawn(name, args, command=self._engine_command())
 
     def router(
-        self, name: str, prefill: Sequence[Process], decode: Sequence[Process], *flags: str
+        self,
+        name: str,
+        prefill: Sequence[Process],
+        decode: Sequence[Process],
+        *flags: str,
+        entry: Sequence[str] = ("-m", "carryover", "serve"),
     ) -> Process:
+        """A router in front of ``prefill`` and ``decode``; ``entry`` is what runs it
+        (another module for a router built with other parts, e.g. bench/churn_router.py)."""
         args = [
-            "serve",
             "--port",
             str(free_port()),
             "--expose-path-header",
@@ -189,7 +195,7 @@ class Topology:
         for d in decode:
             args += ["--decode", d.url]
         args += kv_event_flags(*prefill, *decode)
-        command = self.placement.router_command((sys.executable, "-m", "carryover"))
+        command = self.placement.router_command((sys.executable, *entry))
         return self._spawn(name, [*args, *flags], command=command)
 
     def peer(self, name: str, binary: Path, args: Sequence[str]) -> Process:

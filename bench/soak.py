@@ -16,6 +16,7 @@ import random
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,7 @@ async def _drive(
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--conversations", type=int, default=1000)
     parser.add_argument("--minutes", type=float, default=10.0)
@@ -158,7 +159,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("results/soak"))
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     seconds = args.minutes * 60
     samples: list[dict[str, float]] = []
     latencies: list[float] = []
