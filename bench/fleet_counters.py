@@ -7,12 +7,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from carryover.bench.procs import Process
+from carryover.router.report.summary import summarize
 
 __all__ = [
     "DecodeSampler",
@@ -21,6 +23,7 @@ __all__ = [
     "pressure_releases",
     "prompt_sources",
     "retries",
+    "router_turns",
     "scrape",
     "wait_rendering",
 ]
@@ -126,6 +129,25 @@ def retries(router: Sequence[Sample]) -> dict[str, float]:
     """A carryover router's retries by cause (a P or D attempt that failed and ran again,
     ``carryover_retries_total``): why turns ran ``cold-error``."""
     return _summed(router, "carryover_retries_total", by="cause")
+
+
+def router_turns(router: Sequence[Sample]) -> list[dict[str, Any]]:
+    """A carryover router's own turn-N, by the turn label of its histograms (what ``carryover
+    report`` shows an operator): per turn range, arrival to P's answer and, for streamed
+    turns, to the first token."""
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in router}
+    report = summarize(samples, window_s=None, routers=1)
+    ttft = {row.turns: row for row in report.ttft}
+    return [
+        {
+            "turns": row.turns,
+            "count": row.count,
+            "prompt_ready_p50_ms": row.p50_ms,
+            "prompt_ready_p99_ms": row.p99_ms,
+            "ttft_p50_ms": ttft[row.turns].p50_ms if row.turns in ttft else None,
+        }
+        for row in report.prompt_ready
+    ]
 
 
 def leg_means(router: Sequence[Sample]) -> dict[str, float]:

@@ -17,6 +17,7 @@ from carryover.bench.fleet_counters import (
     pressure_releases,
     prompt_sources,
     retries,
+    router_turns,
     scrape,
     wait_rendering,
 )
@@ -148,6 +149,8 @@ class ArmResult:
     #: The engines' processes' CPU, by role: ms a turn and share of one core over the run.
     engine_cpu: dict[str, dict[str, float]] | None = None
     retries: dict[str, float] | None = None  # a carryover router's retries, by cause
+    #: A carryover router's own turn-N (fleet_counters.router_turns)
+    router_turns: list[dict[str, Any]] | None = None
 
 
 def _run_sim_arm(
@@ -287,6 +290,7 @@ def _run_sim_arm(
             lag_summary(lags, passes),
             engines_cpu(engine_meters, wall, turns=len(records)),
             retries(router_metrics) if router_metrics is not None else None,
+            router_turns(router_metrics) if router_metrics is not None else None,
         )
 
 
@@ -321,6 +325,7 @@ def run_arms(
     client_lag: dict[str, dict[str, float]] = {}
     engine_cpu: dict[str, dict[str, dict[str, float]]] = {}
     retried: dict[str, dict[str, float]] = {}
+    own_turns: dict[str, list[dict[str, Any]]] = {}
     report: dict[str, Any] = {}
 
     def written(arm: str) -> None:
@@ -338,6 +343,7 @@ def run_arms(
         report["client_lag"] = client_lag
         report["engine_cpu"] = engine_cpu
         report["router_retries"] = retried
+        report["router_turns"] = own_turns
         report["files"] = {k: str(v) for k, v in write_report(report, records, out).items()}
         if progress:
             print(f"  {arm}: done, report so far in {out}", file=sys.stderr)
@@ -370,6 +376,8 @@ def run_arms(
             engine_cpu[arm] = result.engine_cpu
         if result.retries is not None:
             retried[arm] = result.retries
+        if result.router_turns is not None:
+            own_turns[arm] = result.router_turns
         usage = [u for _, u, _, _ in result.decode_kv]
         pinned_usage = [u for _, _, _, u in result.decode_kv]
         decode_kv[arm] = {

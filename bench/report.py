@@ -300,6 +300,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"| {fmt(kv['pinned_handles_peak'], 0)} | {fmt(kv['relieved_handles'], 0)} "
                 f"| {fmt(kv.get('pins_not_kept'), 0)} |"
             )
+    lines += _router_turns_table(report.get("router_turns") or {})
     lines += cost_sections(report)
     commands = {arm: command for arm, command in (report.get("commands") or {}).items() if command}
     if commands:
@@ -307,6 +308,27 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"- `{arm}`: `{command}`" for arm, command in commands.items()]
     lines.append("")
     return "\n".join(lines)
+
+
+def _router_turns_table(own: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each carryover arm's turn-N by its own metrics' turn label (the Nth turn of the
+    conversation: assistant turns in its history), beside the client's table above."""
+    if not own:
+        return []
+    lines = [
+        "",
+        "## The router's own turn-N (its histograms' turn label: what `carryover report` reads)",
+        "",
+        "| arm | turns | count | arrival to P's answer p50 / p99 (ms) | TTFT p50 (streamed, ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, rows in own.items():
+        lines += [
+            f"| {arm} | {row['turns']} | {row['count']} | {fmt(row['prompt_ready_p50_ms'], 0)} "
+            f"/ {fmt(row['prompt_ready_p99_ms'], 0)} | {fmt(row['ttft_p50_ms'], 0)} |"
+            for row in rows
+        ]
+    return lines
 
 
 # Columns of the engines' prompt-token table: (role/source key, heading).
