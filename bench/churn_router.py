@@ -33,6 +33,7 @@ def file_resolver(path: Path) -> Resolver:
 def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
+    from carryover.router.cli import server_options
     from carryover.router.http.app import create_app
     from carryover.router.logs import configure_logging
 
@@ -44,18 +45,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"carryover: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     configure_logging(config.log_level)
-    uvicorn.run(
-        create_app(config, resolver=file_resolver(addresses)),
-        host=config.host,
-        port=config.port,
-        loop="uvloop",
-        http="httptools",
-        ws="none",
-        lifespan="on",
-        log_config=None,
-        log_level=config.log_level,
-        access_log=False,
-    )
+    uvicorn.run(create_app(config, resolver=file_resolver(addresses)), **server_options(config))
 
 
 if __name__ == "__main__":

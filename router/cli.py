@@ -22,7 +22,7 @@ from carryover.router.config.keys import ENV_PREFIX, keys
 from carryover.router.config.load import load_config
 from carryover.router.metrics import MULTIPROC_ENV
 
-__all__ = ["main"]
+__all__ = ["main", "server_options"]
 
 
 def _serve(argv: Sequence[str]) -> None:
@@ -141,9 +141,16 @@ def _run_uvicorn(uvicorn: Any, config: RouterConfig) -> None:
     uvicorn.run(
         "carryover.router.http.asgi:build",
         factory=True,
+        workers=config.workers,
+        **server_options(config),
+    )
+
+
+def server_options(config: RouterConfig) -> dict[str, Any]:
+    """How uvicorn serves the router: every process that serves one uses these."""
+    return dict(
         host=config.host,
         port=config.port,
-        workers=config.workers,
         loop="uvloop",
         http="httptools",
         ws="none",
