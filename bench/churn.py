@@ -337,7 +337,7 @@ async def _churn(membership: _Membership, plan: ChurnPlan, stop: float) -> None:
 
 
 def _measure(
-    plan: ChurnPlan, router: Process, store: redis.Redis, load: _Load, started: float
+    router: Process, store: redis.Redis, load: _Load, started: float
 ) -> Callable[[], _Snapshot]:
     def snapshot() -> _Snapshot:
         metrics = httpx.get(router.url + "/metrics", timeout=10).text
@@ -425,7 +425,7 @@ async def _soak(
     stop = measured_from + plan.seconds
     load = _Load(plan, router.url, stop)
     rng = random.Random(plan.seed)
-    snapshot = _measure(plan, router, store, load, started)
+    snapshot = _measure(router, store, load, started)
     tenth = plan.seconds / 10
     marks = [measured_from, measured_from + tenth, stop - tenth, stop]
     snapshots: list[_Snapshot] = []

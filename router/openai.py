@@ -102,23 +102,19 @@ def _arguments_deeper_than(arguments: str, limit: int) -> bool:
         return True
 
 
-def _check_depth(raw: bytes, body: dict[str, Any], limit: int) -> None:
-    """The body, and each tool call's arguments (JSON inside a string, parsed to render),
-    nest at most ``limit`` deep: vLLM answers deeper ones with a 400, and each level costs
-    the renderer a frame."""
-    if _may_nest_deeper(raw, limit) and _deeper_than(body, limit):
-        raise BadRequest(f"JSON nested more than {limit} deep is not accepted")
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        for call in calls if isinstance(calls, list) else ():
-            function = call.get("function") if isinstance(call, dict) else None
-            arguments = function.get("arguments") if isinstance(function, dict) else None
-            if isinstance(arguments, str) and _arguments_deeper_than(arguments, limit):
-                raise BadRequest(
-                    f"tool call arguments nested more than {limit} deep are not accepted",
-                    param="messages",
-                )
+def _check_arguments_depth(message: dict[str, Any], limit: int) -> None:
+    """A tool call's arguments are JSON inside a string, parsed to render: they nest at most
+    ``limit`` deep too (vLLM answers deeper ones with a 400; each level costs the renderer
+    a frame)."""
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str) and _arguments_deeper_than(arguments, limit):
+            raise BadRequest(
+                f"tool call arguments nested more than {limit} deep are not accepted",
+                param="messages",
+            )
 
 
 def parse_body(
@@ -135,7 +131,9 @@ def parse_body(
         ) from exc
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    _check_depth(raw, body, limits.max_nesting_depth)
+    depth = limits.max_nesting_depth
+    if _may_nest_deeper(raw, depth) and _deeper_than(body, depth):
+        raise BadRequest(f"JSON nested more than {depth} deep is not accepted")
     if "kv_transfer_params" in body:
         raise KvParamsRefused(
             "kv_transfer_params are set by the router; a client may not send them"
@@ -180,6 +178,7 @@ def parse_body(
                 raise BadRequest(
                     "message content must be a string, a list of parts or null", param="messages"
                 )
+            _check_arguments_depth(message, depth)
     else:
         if view.prompt is None or view.prompt == "" or view.prompt == []:
             raise BadRequest(
