@@ -55,6 +55,7 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self.cache_salts: set[str] = set()  # every cache_salt a generation carried
         self.last_traceparent: str | None = None  # W3C trace context of the last generation
+        self.generations_asked = 0  # generation requests received, refused ones included
         self.app = self._build_app()
 
     @property
@@ -203,6 +204,7 @@ class SimServer:
         return await self._generate(request, chat=False)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        self.generations_asked += 1
         if self.config.tokens_only:
             return error(404, "Not Found: a --tokens-only server has no OpenAI generation")
         fault = await self.faults_before()

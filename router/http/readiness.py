@@ -62,18 +62,20 @@ async def watch_models(services: Services, interval: float) -> None:
     redeployed engine serving something else."""
     while True:
         for runtime in services.models:
-            served = await _served(services, runtime.config)
-            if served is None:
+            listed = await _served(services, runtime.config)
+            if listed is None:
                 continue
-            runtime.served = set(served)
-            if runtime.name is None and served:
-                runtime.name = served[0]
+            runtime.served = set(listed)
+            if runtime.name is None and listed:
+                runtime.name = next(iter(listed))
+            runtime.max_model_len = listed.get(runtime.name) if runtime.name else None
         known = all(runtime.served is not None for runtime in services.models)
         await asyncio.sleep(interval if known else 1.0)
 
 
-async def _served(services: Services, model: ModelConfig) -> list[str] | None:
-    """The model ids the first answering engine of ``model`` lists, or ``None``."""
+async def _served(services: Services, model: ModelConfig) -> dict[str, int | None] | None:
+    """The model ids the first answering engine of ``model`` lists, in its order, each with
+    its ``max_model_len`` (vLLM's ``ModelCard``; ``None`` where not listed), or ``None``."""
     instances = [
         *services.pool.members(model, "prefill"),
         *services.pool.members(model, "decode"),
@@ -82,7 +84,15 @@ async def _served(services: Services, model: ModelConfig) -> list[str] | None:
         try:
             answer = await services.upstream.get(f"{instance.url}/v1/models", timeout=2.0)
             data = answer.json()["data"]
-            return [str(entry["id"]) for entry in data if isinstance(entry, dict) and "id" in entry]
+            return {
+                str(entry["id"]): _context(entry.get("max_model_len"))
+                for entry in data
+                if isinstance(entry, dict) and "id" in entry
+            }
         except (CarryoverError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def _context(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

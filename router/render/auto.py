@@ -195,19 +195,29 @@ class AutoRenderer:
         return self._local
 
     async def chat(
-        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+        self,
+        body: dict[str, Any],
+        model: str,
+        engine_url: str | None,
+        *,
+        size: int = 0,
+        max_model_len: int | None = None,
     ) -> list[int]:
         local = self._local_for(body)
         if local is not None:
             try:
-                return await local.chat(body, model, engine_url, size=size)
+                return await local.chat(
+                    body, model, engine_url, size=size, max_model_len=max_model_len
+                )
             except RenderDeclined:
                 pass  # what vLLM's preprocessing would do here is not reproduced: ask it
         return await self._engine.chat(body, model, engine_url)
 
-    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+    async def text(
+        self, prompt: str, model: str, engine_url: str | None, *, max_model_len: int | None = None
+    ) -> list[int]:
         if self.state is RenderCheck.AGREES and self._local is not None:
-            return await self._local.text(prompt, model, engine_url)
+            return await self._local.text(prompt, model, engine_url, max_model_len=max_model_len)
         return await self._engine.text(prompt, model, engine_url)
 
     async def warm(self, body: dict[str, Any], answer: str) -> None:

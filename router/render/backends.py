@@ -15,6 +15,7 @@ from carryover.router.config import RenderConfig
 from carryover.router.engines.upstream import Upstream
 from carryover.router.errors import ClientError, EngineFailed, UpstreamError
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
+from carryover.router.render.context import PromptTooLong
 from carryover.router.render.errors import RenderDeclined, RenderFailed, RenderInputError
 
 log = logging.getLogger("carryover.render")
@@ -64,13 +65,23 @@ class Renderer(Protocol):
     renders: frozenset[str]
 
     async def chat(
-        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+        self,
+        body: dict[str, Any],
+        model: str,
+        engine_url: str | None,
+        *,
+        size: int = 0,
+        max_model_len: int | None = None,
     ) -> list[int]:
         """Token ids of a chat request's prompt. ``engine_url``: a P instance to ask, if any;
-        ``size``: the request body's bytes (0: not known), a bound on all it renders."""
+        ``size``: the request body's bytes (0: not known), a bound on all it renders;
+        ``max_model_len``: the model's context, if known: a renderer in this process refuses
+        a longer prompt before its ids exist (``context.py``; engines refuse it themselves)."""
         ...
 
-    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]: ...
+    async def text(
+        self, prompt: str, model: str, engine_url: str | None, *, max_model_len: int | None = None
+    ) -> list[int]: ...
 
     async def warm(self, body: dict[str, Any], answer: str) -> None:
         """Prepare for the next turn of the chat request ``body``, whose answer was ``answer``
@@ -105,14 +116,22 @@ class EngineTokenize:
         return await self._call(f"{url}/tokenize", body, "tokens")
 
     async def chat(
-        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+        self,
+        body: dict[str, Any],
+        model: str,
+        engine_url: str | None,
+        *,
+        size: int = 0,
+        max_model_len: int | None = None,
     ) -> list[int]:
         request = {k: body[k] for k in self.renders if k in body}
         request.setdefault("add_generation_prompt", True)
         request["model"] = model
         return await self._post(engine_url, request)
 
-    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+    async def text(
+        self, prompt: str, model: str, engine_url: str | None, *, max_model_len: int | None = None
+    ) -> list[int]:
         return await self._post(engine_url, {"model": model, "prompt": prompt})
 
     async def warm(self, body: dict[str, Any], answer: str) -> None:
@@ -129,13 +148,21 @@ class RenderServer(EngineTokenize):
         self._url = url.rstrip("/")
 
     async def chat(
-        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+        self,
+        body: dict[str, Any],
+        model: str,
+        engine_url: str | None,
+        *,
+        size: int = 0,
+        max_model_len: int | None = None,
     ) -> list[int]:
         request = {k: body[k] for k in self.renders if k in body}
         request["model"] = model
         return await self._call(f"{self._url}/v1/chat/completions/render", request, "token_ids")
 
-    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+    async def text(
+        self, prompt: str, model: str, engine_url: str | None, *, max_model_len: int | None = None
+    ) -> list[int]:
         return await super().text(prompt, model, self._url)
 
 
@@ -149,28 +176,45 @@ class LocalRenderer:
     def tokenizer(self) -> Tokenizer:
         return self._template.tokenizer
 
-    def _render(self, body: dict[str, Any]) -> list[int]:
+    def _render(self, body: dict[str, Any], max_model_len: int | None) -> list[int]:
         try:
             return self._template.render(
                 body["messages"],
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)),
                 tools=body.get("tools"),
                 chat_template_kwargs=body.get("chat_template_kwargs") or {},
+                max_model_len=max_model_len,
             )
+        except PromptTooLong as exc:
+            raise ClientError(str(exc), param=exc.param) from exc
         except RenderInputError as exc:
             raise ClientError(str(exc)) from exc
 
+    def _encode_prompt(self, prompt: str, max_model_len: int | None) -> list[int]:
+        try:
+            return self._template.encode_prompt(prompt, max_model_len)
+        except PromptTooLong as exc:
+            raise ClientError(str(exc), param=exc.param) from exc
+
     async def chat(
-        self, body: dict[str, Any], model: str, engine_url: str | None, *, size: int = 0
+        self,
+        body: dict[str, Any],
+        model: str,
+        engine_url: str | None,
+        *,
+        size: int = 0,
+        max_model_len: int | None = None,
     ) -> list[int]:
         if size < INLINE_BYTES and _text_size(body.get("messages")) < INLINE_CHARS:
-            return self._render(body)
-        return await asyncio.to_thread(self._render, body)
+            return self._render(body, max_model_len)
+        return await asyncio.to_thread(self._render, body, max_model_len)
 
-    async def text(self, prompt: str, model: str, engine_url: str | None) -> list[int]:
+    async def text(
+        self, prompt: str, model: str, engine_url: str | None, *, max_model_len: int | None = None
+    ) -> list[int]:
         if len(prompt) < INLINE_CHARS:
-            return self._template.encode_prompt(prompt)
-        return await asyncio.to_thread(self._template.encode_prompt, prompt)
+            return self._encode_prompt(prompt, max_model_len)
+        return await asyncio.to_thread(self._encode_prompt, prompt, max_model_len)
 
     async def warm(self, body: dict[str, Any], answer: str) -> None:
         kwargs = body.get("chat_template_kwargs") or {}

@@ -20,6 +20,7 @@ import jinja2.meta
 from tokenizers import Tokenizer
 
 from carryover.router.render.content_format import ContentFormat, content_format
+from carryover.router.render.context import check_chars, check_tokens, max_chars_per_token
 from carryover.router.render.errors import RenderDeclined, RenderInputError
 from carryover.router.render.fast_bpe import fast_bpe_for
 from carryover.router.render.messages import (
@@ -194,6 +195,7 @@ class ChatTemplate:
         self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
         fast = fast_bpe_for(folder, self.tokenizer) if fast_spans else None
         self.spans = SpanEncoder(self.tokenizer, fast=fast)
+        self.max_chars_per_token = max_chars_per_token(folder, self.tokenizer)
         self._prompt_frame = _special_frame(self.tokenizer)
         self._frames: dict[tuple[Any, ...], tuple[str, str] | None] = {}
 
@@ -242,14 +244,18 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         tools: Sequence[Any] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        max_model_len: int | None = None,
     ) -> list[int]:
+        """The prompt's ids; with ``max_model_len``, a longer prompt raises
+        :class:`~router.render.context.PromptTooLong` (``context.py``)."""
         text = self.render_text(
             messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
             chat_template_kwargs=chat_template_kwargs,
         )
-        return self.encode(text)
+        check_chars(len(text), max_model_len, self.max_chars_per_token)
+        return self.encode(text, max_model_len)
 
     def warm(self, answer: str, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
         """Tokenize, ahead of the next turn, the span an assistant message with ``answer`` as
@@ -306,20 +312,25 @@ class ChatTemplate:
         before, after = text.split(_ANSWER_MARK)
         return before, after
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, max_model_len: int | None = None) -> list[int]:
         """Ids of ``text`` without the tokenizer's own special tokens (a rendered chat: the
         template wrote them); spans between added tokens seen before are not tokenized
         again."""
-        return self.spans.encode(text)
+        return self.spans.encode(text, max_model_len)
 
-    def encode_prompt(self, text: str) -> list[int]:
+    def encode_prompt(self, text: str, max_model_len: int | None = None) -> list[int]:
         """Ids of a completions prompt, with the special tokens the tokenizer's
         post-processor adds (a BOS, say), as vLLM's ``add_special_tokens`` default has it."""
+        check_chars(len(text), max_model_len, self.max_chars_per_token)
         if self._prompt_frame is None:
-            ids: list[int] = self.tokenizer.encode(text, add_special_tokens=True).ids
+            encoding = self.tokenizer.encode(text, add_special_tokens=True)
+            check_tokens(len(encoding), max_model_len)
+            ids: list[int] = encoding.ids
             return ids
         before, after = self._prompt_frame
-        return [*before, *self.spans.encode(text), *after]
+        ids = [*before, *self.spans.encode(text, max_model_len), *after]
+        check_tokens(len(ids), max_model_len)
+        return ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         text: str = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
+from carryover.router.render.context import check_tokens
 from carryover.router.render.fast_bpe import FastBpe
 
 __all__ = ["SpanEncoder"]
@@ -94,13 +95,17 @@ class SpanEncoder:
     def has_added_token(self, text: str) -> bool:
         return self._split.search(text) is not None
 
-    def _encode_whole(self, text: str) -> list[int]:
-        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+    def _encode_whole(self, text: str, max_model_len: int | None = None) -> list[int]:
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        check_tokens(len(encoding), max_model_len)  # counted before the ids are listed
+        ids: list[int] = encoding.ids
         return ids
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, max_model_len: int | None = None) -> list[int]:
+        """The ids of ``text``; with ``max_model_len``, a text of more tokens raises
+        :class:`~router.render.context.PromptTooLong`, and none of its spans is kept."""
         if not self.enabled:
-            return self._encode_whole(text)
+            return self._encode_whole(text, max_model_len)
         parts = self._split.split(text)
         head = parts[0] if self._anchor else ""  # at the input's start: encoded alone
         between = parts[2::2] if self._anchor else parts[::2]
@@ -108,14 +113,15 @@ class SpanEncoder:
         known = self._known(spans)
         missing = [span for span in spans if span not in known]
         if missing:
-            known.update(self._encode_new(missing))
-        ids: list[int] = self._encode_whole(head) if head else []
+            known.update(self._encode_new(missing, max_model_len))
+        ids: list[int] = self._encode_whole(head, max_model_len) if head else []
         special = self._ids
         for i, part in enumerate(parts):
             if i % 2:  # the separators the split kept: added tokens
                 ids.append(special[part])
             elif part and (i or not head):
                 ids.extend(known[part])
+        check_tokens(len(ids), max_model_len)
         return ids
 
     def _known(self, spans: list[str]) -> dict[str, Sequence[int]]:
@@ -129,9 +135,9 @@ class SpanEncoder:
             self.hits += len(found)
         return found
 
-    def _encode_new(self, spans: list[str]) -> dict[str, Sequence[int]]:
+    def _encode_new(self, spans: list[str], max_model_len: int | None) -> dict[str, Sequence[int]]:
         if self._fast is not None:
-            encoded = [self._fast.encode(span) for span in spans]
+            encoded = [self._fast.encode(span, max_model_len) for span in spans]
         else:
             # A turn usually brings two new spans (the last answer and the new message): one
             # batch call lets the tokenizer encode them side by side.
@@ -139,6 +145,8 @@ class SpanEncoder:
             batch = self._tokenizer.encode_batch_fast(
                 [anchor + span for span in spans], add_special_tokens=False
             )
+            for e in batch:
+                check_tokens(len(e) - skip, max_model_len, at_least=True)
             encoded = [list(e.ids)[skip:] for e in batch]
         with self._lock:
             self.misses += len(spans)

@@ -11,6 +11,7 @@ from carryover.router.fleet.instance import Instance
 from carryover.router.handles.fates import Event
 from carryover.router.handles.ledger import Origin
 from carryover.router.outcomes import RetryCause
+from carryover.router.render.context import PromptTooLong, check_tokens
 from carryover.router.render.errors import RenderFailed
 from carryover.router.tokens.legs import mend_rendered
 from carryover.router.turn.model import NOTHING_HELD, Prepared, TokensPrompt, TurnRequest
@@ -212,9 +213,11 @@ async def _render_tokens(svc: TurnServices, req: TurnRequest) -> TokensPrompt:
 async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
     """The prompt ids, or ``None`` when the backend is down (the turn then runs without
     reuse: engines render themselves, nothing is checked, nothing is attached)."""
+    context = req.runtime.max_model_len
     if not req.chat:
         prompt = req.body.get("prompt")
         if isinstance(prompt, list):
+            _check_context(len(prompt), context)
             return prompt  # token ids are taken as they are
     renderer = req.runtime.renderer
     body = req.body
@@ -232,9 +235,23 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
             url = instance.url if instance is not None else None
             try:
                 if req.chat:
-                    return await renderer.chat(body, req.model_name, url, size=req.body_bytes)
-                return await renderer.text(str(req.body.get("prompt")), req.model_name, url)
+                    ids = await renderer.chat(
+                        body, req.model_name, url, size=req.body_bytes, max_model_len=context
+                    )
+                else:
+                    prompt = str(req.body.get("prompt"))
+                    ids = await renderer.text(prompt, req.model_name, url, max_model_len=context)
             except RenderFailed as exc:
                 log.warning("render failed (attempt %d): %s", attempt + 1, exc)
+                continue
+            _check_context(len(ids), context)  # whichever renderer: P is never sent it
+            return ids
         svc.metrics.retries.labels(RetryCause.RENDER_FAILED).inc()
         return None
+
+
+def _check_context(tokens: int, max_model_len: int | None) -> None:
+    try:
+        check_tokens(tokens, max_model_len)
+    except PromptTooLong as exc:
+        raise BadRequest(str(exc), param=exc.param) from exc

@@ -20,7 +20,8 @@ __all__ = ["ModelRuntime", "Models"]
 @dataclass(eq=False)
 class ModelRuntime:
     """``name`` is the served name once known: configured, or the first the engines list
-    (``router/http/readiness.py`` learns it); ``served``: every id the engines list."""
+    (``router/http/readiness.py`` learns it); ``served``: every id the engines list;
+    ``max_model_len``: the context its engines list for it (``None``: not listed yet)."""
 
     config: ModelConfig
     renderer: Renderer
@@ -29,6 +30,7 @@ class ModelRuntime:
     render_server: RenderServerClient | None = None  # tokens-only models
     name: str | None = None
     served: set[str] | None = None
+    max_model_len: int | None = None
 
     @property
     def render(self) -> RenderServerClient:

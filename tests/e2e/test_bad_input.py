@@ -19,6 +19,8 @@ from tests.support.stack import Stack, stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+_CONTEXT = 2048  # the engines' max_model_len
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
@@ -33,6 +35,7 @@ async def bad_input_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
             "--max-nesting-depth",
             "12",
         ),
+        sim={"max_model_len": _CONTEXT},
     ) as s:
         yield s
 
@@ -149,6 +152,32 @@ async def test_bad_bodies_get_openai_errors(
     assert error["code"] == status and error["message"]
     if param is not None:
         assert error["param"] == param
+
+
+async def test_a_prompt_past_the_models_context_is_refused_before_any_engine_sees_it(
+    bad_input_stack: Stack,
+) -> None:
+    s = bad_input_stack
+    asked = [sim.generations_asked for sim in (*s.prefill, *s.decode)]
+    # About three tokens a word: past the context, within the body limit and the
+    # characters a context's tokens can hold (vLLM's two checks, docs/operations.md).
+    long_text = " ".join(f"w{n}" for n in range(_CONTEXT))
+    cases = [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": long_text}]}),
+        ("/v1/completions", {"prompt": long_text}),
+        ("/v1/completions", {"prompt": [7] * (_CONTEXT + 1)}),
+    ]
+    for path, body in cases:
+        r = await s.client.post(s.router.url + path, json={"model": "sim-qwen3", **body})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "input_tokens", error
+        assert f"maximum context length is {_CONTEXT} tokens" in error["message"]
+    assert [sim.generations_asked for sim in (*s.prefill, *s.decode)] == asked
+    # At the context less the answer's room, the same prompt is served.
+    fits = {"prompt": [7] * (_CONTEXT - 8), "max_tokens": 4}
+    r = await s.client.post(s.router.url + "/v1/completions", json={"model": "sim-qwen3", **fits})
+    assert r.status_code == 200, r.text
 
 
 def _nested(depth: int) -> Any:

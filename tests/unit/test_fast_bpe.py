@@ -143,9 +143,9 @@ def test_new_spans_go_through_the_fast_encoder() -> None:
         def __init__(self) -> None:
             pass
 
-        def encode(self, text: str) -> list[int]:
+        def encode(self, text: str, max_model_len: int | None = None) -> list[int]:
             seen.append(text)
-            return fast.encode(text)
+            return fast.encode(text, max_model_len)
 
     encoder = SpanEncoder(tokenizer, fast=Recording())
     text = "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n"

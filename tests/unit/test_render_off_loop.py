@@ -30,9 +30,9 @@ def _where_rendered(body: dict[str, Any], size: int) -> str:
     seen: list[str] = []
     render = renderer._render
 
-    def recording(request: dict[str, Any]) -> list[int]:
+    def recording(request: dict[str, Any], max_model_len: int | None) -> list[int]:
         seen.append(threading.current_thread().name)
-        return render(request)
+        return render(request, max_model_len)
 
     renderer._render = recording  # type: ignore[method-assign]
     ids = asyncio.run(renderer.chat(body, "m", None, size=size))
