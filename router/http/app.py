@@ -41,6 +41,7 @@ from carryover.router.http.services import Services, json_response
 from carryover.router.kv.metrics import KvMetrics
 from carryover.router.kv.service import KvEvents
 from carryover.router.loop_lag import watch_loop_lag
+from carryover.router.memory import trim_after_large_requests
 from carryover.router.metrics import RouterMetrics
 from carryover.router.openai import BodyLimits
 from carryover.router.outcomes import ReleaseCause
@@ -230,6 +231,7 @@ def create_app(
             watch_loop_lag(metrics_.loop_lag, collections=metrics_.gc_pauses)
         )
         publishing = asyncio.create_task(metrics_.publish_forever())
+        trimming = asyncio.create_task(trim_after_large_requests(services.large_ended))
         draining = asyncio.create_task(
             refresh_draining_forever(backend, pool, metrics_, config.health_interval)
         )
@@ -249,6 +251,7 @@ def create_app(
                 counting.cancel()
             relief.cancel()
             publishing.cancel()
+            trimming.cancel()
             lagging.cancel()
             draining.cancel()
             renderers.stop()

@@ -244,6 +244,8 @@ async def _generate(
             services.in_flight -= 1
             services.gate.leave(tenant)
             trace.end(error)
+        if len(raw) >= _DECODE_INLINE_BYTES:
+            services.large_ended.set()
     assert outcome is not None  # the watch raises ClientGone, it never swallows here
     headers = {_PATH_HEADER: str(outcome.path)} if services.config.expose_path_header else {}
     if outcome.chunks is not None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from litestar import Request, Response
@@ -46,6 +47,8 @@ class Services:
     clock: Callable[[], float] = time.time
     in_flight: int = 0
     closing: bool = False
+    #: Set when a request with a body decoded off the loop ends: the heap is trimmed after it.
+    large_ended: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         # Read when scraped: a request would otherwise set it twice.

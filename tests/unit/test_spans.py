@@ -223,5 +223,32 @@ def test_cached_spans_leave_the_garbage_collector_nothing_to_trace() -> None:
     gc.collect()
     assert len(gc.get_objects()) - before < 50
     hits = encoder.hits
-    assert encoder.encode(texts[0]) == whole(texts[0])  # from the cache, as a tuple
+    assert encoder.encode(texts[0]) == whole(texts[0])  # from the cache, as an array
     assert encoder.hits == hits + 1
+
+
+def test_the_cache_holds_about_two_bytes_a_character() -> None:
+    """A full cache of 16M characters must not hold ~180 MB (a tuple of ints: ~11 bytes a
+    character), which a router reaches only after minutes of turns."""
+    import random
+    import tracemalloc
+
+    encoder = SpanEncoder(
+        qwen3().tokenizer, fast=fast_bpe_for(bundled_qwen3_dir(), qwen3().tokenizer)
+    )
+    rng = random.Random(3)
+    words = ["ledger", "garden", "river", "stone", "quartz", "meadow", "lantern", "harbor"]
+    texts = [
+        f"<|im_start|>user\n{n} " + " ".join(rng.choice(words) for _ in range(80)) + "<|im_end|>"
+        for n in range(2_000)
+    ]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for text in texts:
+            encoder.encode(text)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert encoder._chars > 1_000_000
+    assert held / encoder._chars < 3.0, f"{held / encoder._chars:.1f} bytes a character"
