@@ -8,9 +8,9 @@ name returns); Redis; one router (bench/churn_router.py). Load: ``conversations`
 each turn after a think time, a share of them never coming back; a flood of DELETEs for ids
 that were never stored; every ``large_every`` seconds a turn carrying a 1-10 MB tool list.
 
-Time is compressed ``compression`` times: the D's ``decoder_kv_blocks_ttl`` and the
-request timeout (how long a DELETE's fence lasts) are vLLM's and the router's defaults
-divided by it. The first tenth starts after a warm-up (``ChurnPlan.warmup``) in which every population
+Time is compressed ``compression`` times: the D's ``decoder_kv_blocks_ttl``, the
+request timeout (how long a DELETE's fence lasts) and the renderer's span cache (which fills
+with the conversations' text) are vLLM's and the router's defaults divided by it. The first tenth starts after a warm-up (``ChurnPlan.warmup``) in which every population
 has reached its steady size; the report compares the last tenth with it.
 A line has grown when the last tenth exceeds the first by more than ``limit`` and by more
 than the line's noise floor (what two tenths of a steady run differ by on this machine).
@@ -72,6 +72,11 @@ class ChurnPlan:
     @property
     def request_timeout(self) -> float:
         return 900.0 / self.compression  # the router's default: a DELETE fence's lifetime
+
+    @property
+    def span_cache_chars(self) -> int:
+        """The renderer's span cache, compressed too: it fills in the warm-up, not the run."""
+        return int(16_000_000 / self.compression)  # the router's default
 
     @property
     def warmup(self) -> float:
@@ -278,7 +283,7 @@ class _Load:
                     self.counts.error(f"large {type(exc).__name__}")
                     continue
                 self.counts.large += 1
-                # Beyond the model's context: refused with a 400, after being rendered.
+                # Beyond the model's context: refused with a 400 by the router, P never sees it.
                 self.counts.large_refused += r.status_code == 400
 
     async def deletes(self) -> None:
@@ -402,6 +407,7 @@ def run_churn(plan: ChurnPlan, *, log_dir: Path | None = None) -> dict[str, Any]
             *("--redis", redis_url, "--decoder-kv-blocks-ttl", f"{plan.ttl}"),
             *("--request-timeout", f"{plan.request_timeout}", "--health-interval", "1"),
             *("--held-interval", "2", "--queue-margin", "1", "--expiry-safety-margin", "1"),
+            *("--span-cache-chars", str(plan.span_cache_chars)),
         )
         router = topo.router(
             "router",
@@ -479,6 +485,7 @@ async def _soak(
             **vars(plan),
             "ttl": plan.ttl,
             "request_timeout": plan.request_timeout,
+            "span_cache_chars": plan.span_cache_chars,
             "warmup": plan.warmup,
         },
         "lines": lines,
@@ -515,7 +522,8 @@ def render_churn(report: dict[str, Any]) -> str:
         [
             f"Churn soak: {plan['seconds']:.0f} s measured after {plan['warmup']:.0f} s "
             f"of warm-up, time compressed {plan['compression']:.0f}x (D TTL {plan['ttl']:.0f} s, "
-            f"request timeout {plan['request_timeout']:.1f} s), limit {plan['limit']:.0%}",
+            f"request timeout {plan['request_timeout']:.1f} s, span cache "
+            f"{plan.get('span_cache_chars', 16_000_000):,} characters), limit {plan['limit']:.0%}",
             "",
             *rows,
             "",

@@ -127,6 +127,15 @@ class RenderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ),
     ] = None
     timeout: Annotated[float, about("Seconds one render or derender call may take.")] = 5.0
+    span_cache_chars: Annotated[
+        int,
+        about(
+            "Characters of prompt text whose ids the in-process renderer keeps, so that a "
+            "turn tokenizes only its new messages (least recently used go first; about 2 "
+            "bytes a character; 0: none kept).",
+            flag="--span-cache-chars",
+        ),
+    ] = 16_000_000
     exclude_tools_when_tool_choice_none: Annotated[
         bool,
         about(
@@ -140,6 +149,8 @@ class RenderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.backend == "server" and not self.url:
             raise ConfigError("render.backend 'server' requires render.url (--render URL)")
+        if self.span_cache_chars < 0:
+            raise ConfigError("render.span_cache_chars must be 0 or more")
 
 
 class TokensConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -17,6 +17,7 @@ from carryover.router.errors import ClientError, EngineFailed, UpstreamError
 from carryover.router.render.chat_template import ChatTemplate, bundled_qwen3_dir
 from carryover.router.render.context import PromptTooLong
 from carryover.router.render.errors import RenderDeclined, RenderFailed, RenderInputError
+from carryover.router.render.spans import SPAN_CHARS
 
 log = logging.getLogger("carryover.render")
 
@@ -169,8 +170,8 @@ class RenderServer(EngineTokenize):
 class LocalRenderer:
     renders = LOCAL_FIELDS
 
-    def __init__(self, folder: Path) -> None:
-        self._template = ChatTemplate(folder, fast_spans=True)
+    def __init__(self, folder: Path, span_chars: int = SPAN_CHARS) -> None:
+        self._template = ChatTemplate(folder, fast_spans=True, span_chars=span_chars)
 
     @property
     def tokenizer(self) -> Tokenizer:

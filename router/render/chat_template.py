@@ -29,7 +29,7 @@ from carryover.router.render.messages import (
     vllm_tools,
 )
 from carryover.router.render.sandbox import ChatTemplateSandbox
-from carryover.router.render.spans import SpanEncoder
+from carryover.router.render.spans import SPAN_CHARS, SpanEncoder
 from carryover.router.render.template_files import (
     CHAT_TEMPLATE_FILE,
     SPECIAL_TOKEN_NAMES,
@@ -177,7 +177,9 @@ class ChatTemplate:
     ``fast_spans``: encode new spans with :mod:`carryover.router.render.fast_bpe` where the tokenizer
     has its shape (the router's renderer does; it costs ~1 s and ~30 MiB once per process)."""
 
-    def __init__(self, folder: Path, *, fast_spans: bool = False) -> None:
+    def __init__(
+        self, folder: Path, *, fast_spans: bool = False, span_chars: int = SPAN_CHARS
+    ) -> None:
         config = json.loads((folder / "tokenizer_config.json").read_text())
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         files = read_template_files(folder, config)
@@ -194,7 +196,7 @@ class ChatTemplate:
         self.eos_token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
         self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
         fast = fast_bpe_for(folder, self.tokenizer) if fast_spans else None
-        self.spans = SpanEncoder(self.tokenizer, fast=fast)
+        self.spans = SpanEncoder(self.tokenizer, max_chars=span_chars, fast=fast)
         self.max_chars_per_token = max_chars_per_token(folder, self.tokenizer)
         self._prompt_frame = _special_frame(self.tokenizer)
         self._frames: dict[tuple[Any, ...], tuple[str, str] | None] = {}

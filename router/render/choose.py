@@ -37,12 +37,12 @@ def make_renderer(
         assert config.url is not None
         return RenderServer(upstream, config.url, config.timeout)
     if config.backend == "local":
-        return LocalRenderer(local_folder(config))
+        return LocalRenderer(local_folder(config), config.span_cache_chars)
     engine = EngineTokenize(upstream, config.timeout)
     if config.backend == "engine":
         return engine
     try:
-        local: LocalRenderer | None = LocalRenderer(local_folder(config))
+        local: LocalRenderer | None = LocalRenderer(local_folder(config), config.span_cache_chars)
     except Exception as exc:  # tokenizers raises bare Exceptions
         # Missing or unreadable tokenizer files: the engine renders.
         log.warning("no tokenizer to render with in process (%s); the engine renders", exc)

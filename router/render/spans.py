@@ -27,7 +27,10 @@ from tokenizers import Tokenizer
 from carryover.router.render.context import check_tokens
 from carryover.router.render.fast_bpe import FastBpe
 
-__all__ = ["SpanEncoder"]
+__all__ = ["SPAN_CHARS", "SpanEncoder"]
+
+#: The span cache's default bound, in characters (``render.span_cache_chars``).
+SPAN_CHARS = 16_000_000
 
 #: Spans tried on both sides of an added token: a word, one after a space, a newline.
 _SAMPLE_SPANS = ("word", " word", "\nword 12")
@@ -64,7 +67,7 @@ class SpanEncoder:
     ids: :mod:`carryover.router.render.fast_bpe` checks that before it hands one out)."""
 
     def __init__(
-        self, tokenizer: Tokenizer, max_chars: int = 16_000_000, fast: FastBpe | None = None
+        self, tokenizer: Tokenizer, max_chars: int = SPAN_CHARS, fast: FastBpe | None = None
     ) -> None:
         self._tokenizer = tokenizer
         self._fast = fast

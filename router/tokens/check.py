@@ -158,7 +158,7 @@ def load_local(model: ModelConfig) -> LocalRenderer | None:
     """The tokenizer and template of ``render.path`` (the bundled Qwen3 files by default),
     parsed once per model; ``None`` when they cannot be read."""
     try:
-        return LocalRenderer(local_folder(model.render))
+        return LocalRenderer(local_folder(model.render), model.render.span_cache_chars)
     except Exception as exc:  # tokenizers raises bare Exceptions on unreadable files
         log.info("no tokenizer in process for %s: %s", model.name or "a tokens-only model", exc)
         return None

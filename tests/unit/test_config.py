@@ -200,3 +200,15 @@ def test_request_limits_come_from_flags_and_must_be_in_range() -> None:
             load_config(["--decode", "http://d:1", "--max-nesting-depth", bad], environ={})
     with pytest.raises(ConfigError, match="max_tools"):
         load_config(["--decode", "http://d:1", "--max-tools", "0"], environ={})
+
+
+def test_the_span_cache_bound_comes_from_a_flag_and_reaches_the_renderer() -> None:
+    from carryover.router.render.backends import LocalRenderer, local_folder
+
+    loaded = load_config(["--decode", "http://d:1", "--span-cache-chars", "1000"], environ={})
+    render = loaded.models[0].render
+    assert render.span_cache_chars == 1000
+    renderer = LocalRenderer(local_folder(render), render.span_cache_chars)
+    assert renderer._template.spans.max_chars == 1000
+    with pytest.raises(ConfigError, match="span_cache_chars"):
+        load_config(["--decode", "http://d:1", "--span-cache-chars", "-1"], environ={})
