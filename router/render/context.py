@@ -14,9 +14,16 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from carryover.router.errors import BadRequest
 from carryover.router.render.errors import RenderInputError
 
-__all__ = ["PromptTooLong", "check_chars", "check_tokens", "max_chars_per_token"]
+__all__ = [
+    "PromptTooLong",
+    "check_chars",
+    "check_tokens",
+    "max_chars_per_token",
+    "refuse_past_context",
+]
 
 
 class PromptTooLong(RenderInputError):
@@ -63,3 +70,11 @@ def check_tokens(tokens: int, max_model_len: int | None, *, at_least: bool = Fal
         "any output tokens. Please reduce the length of the input prompt.",
         param="input_tokens",
     )
+
+
+def refuse_past_context(tokens: int, max_model_len: int | None) -> None:
+    """:func:`check_tokens` as the 400 a turn answers with (ids any renderer gave)."""
+    try:
+        check_tokens(tokens, max_model_len)
+    except PromptTooLong as exc:
+        raise BadRequest(str(exc), param=exc.param) from exc

@@ -11,7 +11,7 @@ from carryover.router.fleet.instance import Instance
 from carryover.router.handles.fates import Event
 from carryover.router.handles.ledger import Origin
 from carryover.router.outcomes import RetryCause
-from carryover.router.render.context import PromptTooLong, check_tokens
+from carryover.router.render.context import refuse_past_context
 from carryover.router.render.errors import RenderFailed
 from carryover.router.tokens.legs import mend_rendered
 from carryover.router.turn.model import NOTHING_HELD, Prepared, TokensPrompt, TurnRequest
@@ -217,7 +217,7 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
     if not req.chat:
         prompt = req.body.get("prompt")
         if isinstance(prompt, list):
-            _check_context(len(prompt), context)
+            refuse_past_context(len(prompt), context)
             return prompt  # token ids are taken as they are
     renderer = req.runtime.renderer
     body = req.body
@@ -244,14 +244,7 @@ async def _render(svc: TurnServices, req: TurnRequest) -> list[int] | None:
             except RenderFailed as exc:
                 log.warning("render failed (attempt %d): %s", attempt + 1, exc)
                 continue
-            _check_context(len(ids), context)  # whichever renderer: P is never sent it
+            refuse_past_context(len(ids), context)  # whichever renderer: P is never sent it
             return ids
         svc.metrics.retries.labels(RetryCause.RENDER_FAILED).inc()
         return None
-
-
-def _check_context(tokens: int, max_model_len: int | None) -> None:
-    try:
-        check_tokens(tokens, max_model_len)
-    except PromptTooLong as exc:
-        raise BadRequest(str(exc), param=exc.param) from exc
