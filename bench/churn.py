@@ -37,6 +37,7 @@ from carryover.bench.local_redis import local_redis
 from carryover.bench.ports import free_port
 from carryover.bench.procs import Process, topology
 from carryover.bench.proctree import cpu_seconds, rss_mb
+from carryover.router.render.spans import SPAN_CHARS
 
 __all__ = ["ChurnPlan", "Line", "Tenth", "render_churn", "run_churn"]
 
@@ -76,7 +77,7 @@ class ChurnPlan:
     @property
     def span_cache_chars(self) -> int:
         """The renderer's span cache, compressed too: it fills in the warm-up, not the run."""
-        return int(16_000_000 / self.compression)  # the router's default
+        return int(SPAN_CHARS / self.compression)
 
     @property
     def warmup(self) -> float:
@@ -523,7 +524,7 @@ def render_churn(report: dict[str, Any]) -> str:
             f"Churn soak: {plan['seconds']:.0f} s measured after {plan['warmup']:.0f} s "
             f"of warm-up, time compressed {plan['compression']:.0f}x (D TTL {plan['ttl']:.0f} s, "
             f"request timeout {plan['request_timeout']:.1f} s, span cache "
-            f"{plan.get('span_cache_chars', 16_000_000):,} characters), limit {plan['limit']:.0%}",
+            f"{plan.get('span_cache_chars', SPAN_CHARS):,} characters), limit {plan['limit']:.0%}",
             "",
             *rows,
             "",

@@ -52,10 +52,9 @@ async def trim_after_large_requests(ended: asyncio.Event, pause: float = TRIM_PA
     """Forever: after a large request has ended (``ended`` set), trim the heap in a thread.
 
     A large body's copies (its bytes, its decoded strings, the rendered prompt) are freed
-    into glibc's arenas, where free pages between live chunks stay resident: a churn soak
-    with a 1-10 MB tool list in 1% of turns saw the router's lowest RSS rise 29% in five
-    minutes without it (bench/RESULTS.md, "Churn soak"). ``malloc_trim`` returns them; ctypes
-    releases the GIL while it runs."""
+    into glibc's arenas, where free pages between live chunks stay resident until trimmed.
+    In the churn soak it lowered the router's lowest RSS but did not stop its rise
+    (bench/RESULTS.md, "Churn soak"). ctypes releases the GIL while ``malloc_trim`` runs."""
     while True:
         await ended.wait()
         ended.clear()
