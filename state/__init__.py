@@ -23,6 +23,7 @@ from carryover.state.prefix import (
 from carryover.state.records import Record
 from carryover.state.redis_store import Durability, NotDurable, RedisStore
 from carryover.state.store import (
+    FENCE_SLACK,
     Committed,
     Held,
     Kept,
@@ -33,6 +34,7 @@ from carryover.state.store import (
 )
 
 __all__ = [
+    "FENCE_SLACK",
     "MAX_ID_LENGTH",
     "Committed",
     "ConversationKey",

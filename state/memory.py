@@ -11,7 +11,7 @@ from collections.abc import Callable
 from carryover.state.keys import ConversationKey
 from carryover.state.records import Record
 from carryover.state.relief import largest_holders_first
-from carryover.state.store import Committed, Held, Kept, Oldest, TenantUsage
+from carryover.state.store import FENCE_SLACK, Committed, Held, Kept, Oldest, TenantUsage
 
 __all__ = ["MemoryStore"]
 
@@ -71,7 +71,11 @@ class MemoryStore:
         clock = self._clock()  # the store's own: callers' clocks may differ
         if ended is not None and ended[1] <= clock:
             del self._ended[key]
-        elif ended is not None and running_for is not None and clock - running_for <= ended[0]:
+        elif (
+            ended is not None
+            and running_for is not None
+            and clock - running_for - FENCE_SLACK <= ended[0]
+        ):
             return Committed(written=False, ended=True)
         current = self._live(key)
         if current is not None and current.turn > record.turn:

@@ -33,6 +33,7 @@ hands back no replaced record to release, for the same reason.
 from __future__ import annotations
 
 import asyncio
+import math
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
@@ -48,7 +49,7 @@ from carryover.state.redis_held import HeldIndexCalls
 from carryover.state.redis_values import decode_value, encode_value
 from carryover.state.resp import Arg, RespError, Script
 from carryover.state.slots import shard_tags
-from carryover.state.store import Committed, Kept, StoreUnavailable
+from carryover.state.store import FENCE_SLACK, Committed, Kept, StoreUnavailable
 
 __all__ = ["Durability", "NotDurable", "RedisStore"]
 
@@ -276,7 +277,7 @@ class RedisStore(FleetCalls, HeldIndexCalls):
                 repr(record.expires_at),
                 repr(record.created_at),
                 repr(now),
-                int(running_for * 1000) if running_for is not None else "",
+                _fence_ms(running_for),
                 "0" if record.shadowed else "1",
                 record.prefix.length,
             ],
@@ -353,3 +354,9 @@ class RedisStore(FleetCalls, HeldIndexCalls):
         self._channel.close()
         if self._waited is not self._channel:
             self._waited.close()
+
+
+def _fence_ms(running_for: float | None) -> int | str:
+    """How long the turn has run, in whole ms rounded up, with the slack: the script compares
+    it with a mark of the server's clock in whole ms ('' : unfenced)."""
+    return "" if running_for is None else math.ceil((running_for + FENCE_SLACK) * 1000)

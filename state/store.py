@@ -10,7 +10,15 @@ import msgspec
 from carryover.state.keys import ConversationKey
 from carryover.state.records import Record
 
-__all__ = ["Committed", "Held", "Kept", "Oldest", "Store", "StoreUnavailable"]
+__all__ = ["FENCE_SLACK", "Committed", "Held", "Kept", "Oldest", "Store", "StoreUnavailable"]
+
+#: Seconds a fenced commit's turn is taken to have started before its caller measured. The
+#: caller measures the running time before the store reads its clock, and a pause between the
+#: two (a GC, the network to Redis, a resend within the call's deadline) makes the turn look
+#: younger than it is: without the slack a turn that started before a DELETE could store the
+#: ended conversation again. Erring the other way costs little: a new conversation under the
+#: same id, started within the slack of its DELETE, does not keep its first turn's record.
+FENCE_SLACK = 0.5
 
 
 class StoreUnavailable(Exception):
@@ -104,8 +112,9 @@ class Store(Protocol):
     ) -> Committed:
         """Store ``record`` unless a record of a later turn is stored, or the conversation
         was ended (:meth:`delete` with a fence) after its turn started, ``running_for``
-        seconds ago. The store places both on its own clock (a duration, not a time, crosses
-        from the caller): replicas whose clocks differ fence exactly the turns in flight;
+        seconds ago (:data:`FENCE_SLACK` earlier). The store places both on its own clock (a
+        duration, not a time, crosses from the caller): replicas whose clocks differ fence
+        the turns in flight;
         expire it at ``record.expires_at``. Says whether it was written and what live record
         it replaced."""
         ...

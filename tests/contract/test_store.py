@@ -13,6 +13,7 @@ import pytest
 
 from carryover.bench.redis_server import RedisServer
 from carryover.state import (
+    FENCE_SLACK,
     Committed,
     ConversationKey,
     Held,
@@ -80,9 +81,11 @@ async def test_an_ended_conversation_refuses_turns_that_started_before(store: St
     late = await store.commit(key(), make_record(2), now=time.time(), running_for=running)
     assert late == Committed(False, None, ended=True)
     assert await store.get(key()) is None
-    # ...a turn that started after it does (the id may start a new conversation). Only a
-    # duration crosses to the store, which places both on its own clock.
-    await eventually(_now, lambda now: now - deleted > 0.01, what="the clock moves past the DELETE")
+    # ...a turn that started after it does (the id may start a new conversation), once past
+    # the store's slack. Only a duration crosses to the store, which places both on its clock.
+    await eventually(
+        _now, lambda now: now - deleted > FENCE_SLACK, what="the clock moves past the slack"
+    )
     started = time.monotonic()
     running = time.monotonic() - started
     new = await store.commit(key(), make_record(1), now=time.time(), running_for=running)
@@ -90,6 +93,23 @@ async def test_an_ended_conversation_refuses_turns_that_started_before(store: St
     # Without a fence, DELETE only drops.
     assert await store.delete(key("c2")) is None
     assert (await store.commit(key("c2"), make_record(1), now=time.time(), running_for=1e6)).written
+
+
+async def test_a_pause_between_measuring_a_turn_and_committing_it_does_not_unfence_it(
+    store: Store,
+) -> None:
+    # The caller measures how long its turn has run, then pauses (a GC, the network to Redis,
+    # a resend) before the store reads its clock: the turn looks younger than it is. A turn
+    # that started before the DELETE must still be refused.
+    began = time.monotonic()
+    assert (await store.commit(key(), make_record(1), now=time.time())).written
+    assert await store.delete(key(), fence=60) is not None
+    running = time.monotonic() - began
+    measured = time.monotonic()
+    await eventually(_now, lambda now: now - measured > 0.05, what="a 50 ms pause")
+    late = await store.commit(key(), make_record(2), now=time.time(), running_for=running)
+    assert late == Committed(False, None, ended=True)
+    assert await store.get(key()) is None
 
 
 async def _now() -> float:

@@ -14,7 +14,7 @@ import pytest
 
 from carryover.router.config.load import load_config
 from carryover.router.http.app import create_app
-from carryover.state import MemoryStore
+from carryover.state import FENCE_SLACK, MemoryStore
 from tests.explore.engines import MODEL, Engines, Fault, answer_of, render
 from tests.explore.schedules import (
     KEYS,
@@ -118,7 +118,8 @@ async def test_a_replica_whose_clock_runs_ahead_fences_no_turn_that_began_after_
     """Two replicas sharing one store, one's clock a minute ahead: its DELETE fences the
     turns in flight, not the conversation's next turns on the other replica."""
     engines = Engines(["p0:8000"], ["d0:8000"])
-    store = MemoryStore()  # the store's own clock: the real one
+    moved = [0.0]  # the store's own clock: the real one, moved on past a DELETE's slack
+    store = MemoryStore(clock=lambda: time.time() + moved[0])
     args = ["--prefill", "http://p0:8000", "--decode", "http://d0:8000"]
     args += ["--render-backend", "engine", "--expose-path-header", "--health-interval", "3600"]
     config = load_config(args, environ={"CARRYOVER_API_KEYS": json.dumps(KEYS)})
@@ -150,9 +151,8 @@ async def test_a_replica_whose_clock_runs_ahead_fences_no_turn_that_began_after_
                 deleted = await a.delete("/v1/conversations/c1", headers=auth)
                 assert deleted.status_code == 200, deleted.text
                 history = []
-                began = time.monotonic()
-                # the next turn begins after the DELETE on the store's clock too
-                await until(lambda t=began: time.monotonic() - t > 0.002, "the clock moves on")
+                # the next turn begins after the DELETE and its slack on the store's clock
+                moved[0] = FENCE_SLACK + 1.0
         await ahead.state.services.runner.drain_background()
         await behind.state.services.runner.drain_background()
     assert paths == ["cold-miss", "cold-miss", "reuse"]
