@@ -8,9 +8,18 @@ import ctypes
 import ctypes.util
 import functools
 import gc
-from collections.abc import Callable
+import os
 
-__all__ = ["settle_heap", "trim_after_large_requests", "trim_heap"]
+__all__ = ["ARENAS", "limit_arenas", "settle_heap", "trim_after_large_requests", "trim_heap"]
+
+#: glibc malloc arenas a worker's threads share. glibc gives each new thread an arena of its
+#: own, up to 8 a core; large requests rendered in the thread pool grow each one, and what
+#: they free between live chunks stays resident, arena by arena. In the churn soak the
+#: router's lowest RSS rose 15% in five minutes with glibc's default and 0.4% with 2, at the
+#: same CPU a turn (bench/RESULTS.md, "Churn soak"). ``MALLOC_ARENA_MAX`` set in the
+#: environment is left to win.
+ARENAS = 2
+_M_ARENA_MAX = -8  # <malloc.h>
 
 #: Seconds between a large request's end and the trim: the request's objects are gone by
 #: then, and a burst of large requests costs one trim a second at most.
@@ -18,20 +27,32 @@ TRIM_PAUSE = 1.0
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
         return None
+    # musl and the BSDs have neither call.
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def limit_arenas(count: int = ARENAS) -> bool:
+    """Cap glibc's malloc arenas at ``count`` for the threads started from now on; call it
+    before the worker starts any. Says whether the cap was set (not on another libc, nor
+    where ``MALLOC_ARENA_MAX`` is in the environment: glibc read that at startup)."""
+    libc = _glibc()
+    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    return bool(libc.mallopt(_M_ARENA_MAX, count))
 
 
 def trim_heap() -> None:
     """Give glibc's freed arenas back: loading a tokenizer parses its JSON (11 MB for Qwen3)
     and leaves about 50 MB freed but resident, which a worker at rest would otherwise keep."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def settle_heap() -> None:
