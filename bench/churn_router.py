@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from carryover.router.cli import server_options
     from carryover.router.http.app import create_app
     from carryover.router.logs import configure_logging
-    from carryover.router.memory import limit_arenas
+    from carryover.router.memory import tune_malloc
 
     args = list(sys.argv[1:] if argv is None else argv)
     addresses, flags = Path(args[0]), args[1:]
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"carryover: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     configure_logging(config.log_level)
-    limit_arenas()  # as a served worker does (router/http/asgi.py)
+    tune_malloc()  # as a served worker does (router/http/asgi.py)
     uvicorn.run(create_app(config, resolver=file_resolver(addresses)), **server_options(config))
 
 

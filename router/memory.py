@@ -1,5 +1,6 @@
-"""What the worker keeps of its startup: freed heap goes back to the operating system, and
-what stays is moved out of the garbage collector's sight."""
+"""How the worker's heap stays small: its threads share few malloc arenas, freed heap goes
+back to the operating system, and what startup keeps is moved out of the garbage
+collector's sight."""
 
 from __future__ import annotations
 
@@ -10,16 +11,29 @@ import functools
 import gc
 import os
 
-__all__ = ["ARENAS", "limit_arenas", "settle_heap", "trim_after_large_requests", "trim_heap"]
+__all__ = [
+    "MALLOC_SETTINGS",
+    "settle_heap",
+    "trim_after_large_requests",
+    "trim_heap",
+    "tune_malloc",
+]
 
-#: glibc malloc arenas a worker's threads share. glibc gives each new thread an arena of its
-#: own, up to 8 a core; large requests rendered in the thread pool grow each one, and what
-#: they free between live chunks stays resident, arena by arena. In the churn soak the
-#: router's lowest RSS rose 15% in five minutes with glibc's default and 0.4% with 2, at the
-#: same CPU a turn (bench/RESULTS.md, "Churn soak"). ``MALLOC_ARENA_MAX`` set in the
-#: environment is left to win.
-ARENAS = 2
-_M_ARENA_MAX = -8  # <malloc.h>
+#: glibc malloc settings a served worker makes at its start, each as ``mallopt`` parameter and
+#: value under the environment variable that would set it (one set in the environment wins:
+#: glibc read it at startup). With glibc's defaults the churn soak's router kept what large
+#: requests left behind: its lowest RSS rose 15% in five minutes and its peak reached 245 MB;
+#: with both, 0.3% and 173 MB (bench/RESULTS.md, "Churn soak").
+#:
+#: - Arenas: glibc gives each new thread an arena of its own, up to 8 a core, and each pool
+#:   thread that rendered a large request kept its grown arena.
+#: - The mmap threshold: glibc raises it to the size of each mapped block freed, up to 32 MB,
+#:   so after one 4 MB body the next ones come from the heap, where what they free between
+#:   live chunks stays resident. Fixed, a large request's buffers are mapped and unmapped.
+MALLOC_SETTINGS: dict[str, tuple[int, int]] = {
+    "MALLOC_ARENA_MAX": (-8, 2),  # M_ARENA_MAX
+    "MALLOC_MMAP_THRESHOLD_": (-3, 256 * 1024),  # M_MMAP_THRESHOLD
+}
 
 #: Seconds between a large request's end and the trim: the request's objects are gone by
 #: then, and a burst of large requests costs one trim a second at most.
@@ -37,14 +51,17 @@ def _glibc() -> ctypes.CDLL | None:
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None
 
 
-def limit_arenas(count: int = ARENAS) -> bool:
-    """Cap glibc's malloc arenas at ``count`` for the threads started from now on; call it
-    before the worker starts any. Says whether the cap was set (not on another libc, nor
-    where ``MALLOC_ARENA_MAX`` is in the environment: glibc read that at startup)."""
+def tune_malloc() -> list[str]:
+    """Make :data:`MALLOC_SETTINGS` before the worker starts a thread; returns the names of
+    those made (none on another libc, nor where the environment set them)."""
     libc = _glibc()
-    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    return bool(libc.mallopt(_M_ARENA_MAX, count))
+    if libc is None:
+        return []
+    return [
+        name
+        for name, (parameter, value) in MALLOC_SETTINGS.items()
+        if name not in os.environ and libc.mallopt(parameter, value)
+    ]
 
 
 def trim_heap() -> None:
@@ -74,8 +91,9 @@ async def trim_after_large_requests(ended: asyncio.Event, pause: float = TRIM_PA
 
     A large body's copies (its bytes, its decoded strings, the rendered prompt) are freed
     into glibc's arenas, where free pages between live chunks stay resident until trimmed.
-    In the churn soak it lowered the router's lowest RSS but did not stop its rise
-    (bench/RESULTS.md, "Churn soak"). ctypes releases the GIL while ``malloc_trim`` runs."""
+    Alone it lowered the churn soak's lowest RSS but did not stop its rise; with
+    :data:`MALLOC_SETTINGS` the rise stopped (bench/RESULTS.md, "Churn soak"). ctypes
+    releases the GIL while ``malloc_trim`` runs."""
     while True:
         await ended.wait()
         ended.clear()

@@ -11,13 +11,13 @@ from litestar import Litestar
 from carryover.router.config import CONFIG_ENV, RouterConfig
 from carryover.router.http.app import create_app
 from carryover.router.logs import configure_logging
-from carryover.router.memory import limit_arenas, settle_heap
+from carryover.router.memory import settle_heap, tune_malloc
 
 __all__ = ["CONFIG_ENV", "build"]
 
 
 def build() -> Litestar:
-    limit_arenas()  # before the worker's first thread
+    tune_malloc()  # before the worker's first thread
     with open(os.environ[CONFIG_ENV], "rb") as file:
         config = msgspec.json.decode(file.read(), type=RouterConfig)
     configure_logging(config.log_level)
