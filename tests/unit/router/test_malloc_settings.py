@@ -10,13 +10,11 @@ import sys
 import threading
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from carryover.router.config import CONFIG_ENV
-from carryover.router.config.load import load_config
 from carryover.router.http import asgi
 from carryover.router.memory import MALLOC_SETTINGS, tune_malloc
+from tests.support.served import hand_a_worker_its_config
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 
@@ -99,12 +97,7 @@ def test_what_an_operator_set_in_the_environment_is_left_to_win(
 def test_a_worker_built_for_serving_tunes_malloc_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = load_config(
-        ["--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10"], environ={}
-    )
-    path = tmp_path / "config.json"
-    path.write_bytes(msgspec.json.encode(config))
-    monkeypatch.setenv(CONFIG_ENV, str(path))
+    hand_a_worker_its_config(tmp_path, monkeypatch)
     threads_when_tuned: list[int] = []
     monkeypatch.setattr(
         asgi, "tune_malloc", lambda: threads_when_tuned.append(threading.active_count())

@@ -6,14 +6,12 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
 
-from carryover.router.config import CONFIG_ENV
-from carryover.router.config.load import load_config
 from carryover.router.http.asgi import build
 from carryover.router.memory import settle_heap
+from tests.support.served import hand_a_worker_its_config
 
 
 def test_settling_moves_every_live_object_out_of_the_collectors_generations() -> None:
@@ -28,12 +26,7 @@ def test_settling_moves_every_live_object_out_of_the_collectors_generations() ->
 async def test_a_worker_built_for_serving_settles_its_heap_after_startup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = load_config(
-        ["--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:10"], environ={}
-    )
-    path = tmp_path / "config.json"
-    path.write_bytes(msgspec.json.encode(config))
-    monkeypatch.setenv(CONFIG_ENV, str(path))
+    hand_a_worker_its_config(tmp_path, monkeypatch)
     gc.unfreeze()
     app = build()
     assert gc.get_freeze_count() == 0
