@@ -22,8 +22,8 @@ __all__ = [
 #: glibc malloc settings a served worker makes at its start, each as ``mallopt`` parameter and
 #: value under the environment variable that would set it (one set in the environment wins:
 #: glibc read it at startup). With glibc's defaults the churn soak's router kept what large
-#: requests left behind: its lowest RSS rose 15% in five minutes and its peak reached 245 MB;
-#: with both, 0.3% and 173 MB (bench/RESULTS.md, "Churn soak").
+#: requests left behind: its lowest RSS rose 9-15% in five minutes, peaking at 244 MB; with
+#: both, 0.3%, peaking at 177 MB (bench/RESULTS.md, "Churn soak").
 #:
 #: - Arenas: glibc gives each new thread an arena of its own, up to 8 a core, and each pool
 #:   thread that rendered a large request kept its grown arena.
