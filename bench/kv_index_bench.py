@@ -117,6 +117,30 @@ def _lookup_us(blocks: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def _fleet_lookup_us(blocks: int, instances: int) -> tuple[float, float]:
+    """Median microseconds to ask every instance of one index about a prompt each holds
+    whole, as a turn does (a fresh ``Prompt``, its keys already computed): through the
+    index's shared holders, and by each instance's own walk."""
+    rng = random.Random(0)
+    ids = [rng.randrange(150_000) for _ in range(blocks * BLOCK)]
+    index = KvIndex()
+    names = [f"engine-{n}" for n in range(instances)]
+    for name in names:
+        index.of(name).apply(device_blocks(ids, rng))
+    shared, own = [], []
+    for _ in range(200):
+        prompt = Prompt(ids)
+        keys = prompt.keys(BLOCK)
+        start = time.perf_counter()
+        answers = [index.cached(name, prompt) for name in names]
+        shared.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        walked = [index.instances[name].cached(keys) for name in names]
+        own.append(time.perf_counter() - start)
+        assert answers == walked
+    return statistics.median(shared) * 1e6, statistics.median(own) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m carryover.bench.kv_index_bench")
     parser.add_argument("--publishers", type=int, default=8)
@@ -126,6 +150,11 @@ def main() -> None:
     args = parser.parse_args()
     lookup = _lookup_us(args.lookup_blocks)
     print(f"lookup of a prompt of {args.lookup_blocks:,} blocks held whole: {lookup:.1f} us")
+    shared, own = _fleet_lookup_us(args.lookup_blocks, args.publishers)
+    print(
+        f"the same asked of {args.publishers} instances of one index holding it whole: "
+        f"{shared:.1f} us (each instance's own walk: {own:.1f} us)"
+    )
     count = int(args.rate * args.seconds)
     endpoints = [f"tcp://127.0.0.1:{free_port()}" for _ in range(args.publishers)]
     spawn = multiprocessing.get_context("spawn")

@@ -29,10 +29,16 @@ __all__ = [
 #:   thread that rendered a large request kept its grown arena.
 #: - The mmap threshold: glibc raises it to the size of each mapped block freed, up to 32 MB,
 #:   so after one 4 MB body the next ones come from the heap, where what they free between
-#:   live chunks stays resident. Fixed, a large request's buffers are mapped and unmapped.
+#:   live chunks stays resident. Fixed at 1 MiB, a large request's buffers are mapped and
+#:   unmapped, while a turn's bodies (a 20k-token prompt's JSON is 100-400 kB) come from the
+#:   heap: mapped, each faulted its pages in again, and encoding a body cost 5x as much.
+#: - The trim threshold: fixing the mmap threshold also fixes it, at 128 kB, and a body freed
+#:   at the heap's top was given back and faulted in again on the next. At 8 MiB the top
+#:   keeps that much; ``trim_after_large_requests`` gives it back after a large request.
 MALLOC_SETTINGS: dict[str, tuple[int, int]] = {
     "MALLOC_ARENA_MAX": (-8, 2),  # M_ARENA_MAX
-    "MALLOC_MMAP_THRESHOLD_": (-3, 256 * 1024),  # M_MMAP_THRESHOLD
+    "MALLOC_MMAP_THRESHOLD_": (-3, 1 << 20),  # M_MMAP_THRESHOLD
+    "MALLOC_TRIM_THRESHOLD_": (-1, 8 << 20),  # M_TRIM_THRESHOLD
 }
 
 #: Seconds between a large request's end and the trim: the request's objects are gone by

@@ -82,7 +82,7 @@ class KvEvents:
         if run is not None:
             run.cancel()
         self.subscribers.pop(name, None)
-        self.index.instances.pop(name, None)
+        self.index.forget(name)
         self.warm.pop(name, None)
         self.metrics.forget(name)
 

@@ -167,38 +167,75 @@ def test_a_batch_round_trips_in_vllms_wire_shape_and_unknown_events_are_skipped(
 
 
 @given(
-    st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=6), min_size=1, max_size=6),
-    st.lists(st.integers(0, 5), max_size=6),
+    st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.integers(0, 3), min_size=0, max_size=6)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 7)), max_size=8),
+    st.lists(st.integers(0, 2), max_size=2),
     st.lists(st.integers(0, 3), min_size=0, max_size=24),
 )
-def test_the_index_agrees_with_a_model_of_the_cache(
-    prompts: list[list[int]], removals: list[int], query: list[int]
+def test_the_index_agrees_with_a_model_of_each_instances_cache(
+    prompts: list[tuple[int, list[int]]],
+    removals: list[tuple[int, int]],
+    cleared: list[int],
+    query: list[int],
 ) -> None:
-    """Store each prompt's blocks, remove some by hash; the answer is the longest run of
-    leading blocks of the query that are still stored."""
-    blocks = InstanceBlocks()
-    present: set[tuple[int, ...]] = set()  # prefixes (whole blocks) held
-    every: list[tuple[bytes, tuple[int, ...]]] = []
-    for raw in prompts:
+    """Three instances of one index, each storing some prompts' blocks and removing some by
+    hash (parents before their children too), one perhaps cleared or forgotten; each
+    instance's answer is the longest run of leading blocks of the query it still holds, and
+    a lone instance's (``InstanceBlocks``, its own walk) is the same."""
+    index = KvIndex()
+    bits = [index.of(f"i{n}").bit for n in range(3)]
+    alone = [InstanceBlocks() for _ in range(3)]
+    present: list[set[tuple[int, ...]]] = [set() for _ in range(3)]  # prefixes held
+    every: list[list[tuple[bytes, tuple[int, ...]]]] = [[] for _ in range(3)]
+    for n, raw in prompts:
         ids = [t for t in raw for _ in range(SIZE)]  # whole blocks
-        n = len(ids) // SIZE
-        if n == 0:
+        blocks = len(ids) // SIZE
+        if blocks == 0:
             continue
-        blocks.apply(stored(ids, 0, n))
-        for b, h in enumerate(hashes_of(ids, n)):
+        index.of(f"i{n}").apply(stored(ids, 0, blocks))
+        alone[n].apply(stored(ids, 0, blocks))
+        for b, h in enumerate(hashes_of(ids, blocks)):
             prefix = tuple(ids[: (b + 1) * SIZE])
-            present.add(prefix)
-            every.append((h, prefix))
-    for r in removals:
-        if r < len(every):
-            h, prefix = every[r]
-            blocks.apply(BlockRemoved([h], "GPU"))
-            present.discard(prefix)
+            present[n].add(prefix)
+            every[n].append((h, prefix))
+    for n, r in removals:
+        if r < len(every[n]):
+            h, prefix = every[n][r]
+            index.of(f"i{n}").apply(BlockRemoved([h], "GPU"))
+            alone[n].apply(BlockRemoved([h], "GPU"))
+            present[n].discard(prefix)
+    for n in cleared:
+        index.forget(f"i{n}") if n == 2 else index.of(f"i{n}").apply(AllBlocksCleared())
+        alone[n].clear()
+        present[n].clear()
     q = [t for t in query for _ in range(SIZE)]
-    expected = 0
-    while expected + SIZE <= len(q) and tuple(q[: expected + SIZE]) in present:
-        expected += SIZE
-    assert blocks.cached(Prompt(q).keys(SIZE)) == Cached(expected, expected)  # all on device
+    prompt = Prompt(q)
+    for n in range(3):
+        expected = 0
+        while expected + SIZE <= len(q) and tuple(q[: expected + SIZE]) in present[n]:
+            expected += SIZE
+        assert alone[n].cached(prompt.keys(SIZE)) == Cached(expected, expected)  # all on device
+        if f"i{n}" in index.instances:
+            assert index.cached(f"i{n}", prompt) == Cached(expected, expected)
+        else:
+            assert index.cached(f"i{n}", prompt) is None
+            assert not any(held & bits[n] for held in index.holders.values())
+
+
+def test_a_forgotten_instances_bit_is_free_for_the_next_and_holds_nothing() -> None:
+    index = KvIndex()
+    index.of("p0").apply(stored(PROMPT, 0, 6))
+    index.of("p1").apply(stored(PROMPT, 0, 3))
+    index.forget("p0")
+    assert set(index.holders.values()) == {index.of("p1").bit}
+    newcomer = index.of("p2")
+    assert newcomer.bit == 1  # p0's, free again
+    assert index.cached("p2", Prompt(PROMPT)) == Cached(0, 0)
+    assert index.cached("p1", Prompt(PROMPT)) == Cached(12, 12)
 
 
 def test_the_index_leaves_the_garbage_collector_nothing_to_trace() -> None:
