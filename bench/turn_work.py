@@ -4,10 +4,12 @@ rendered with the answers of earlier turns already tokenized (``ChatTemplate.war
 prompt hashed for the store and keyed for the KV index, its ids encoded once for both legs'
 bodies, the bodies encoded, P's answer
 and D's first streamed chunk (each carrying the prompt's ids) read and checked against the
-ids sent. Medians over the conversations, by turn, for the chat preset's shape by default.
+ids sent; the KV index asked what each of ``--instances`` engines holds of the prompt, each
+holding it whole but the last block (as after the last turn, stored by its events).
+Medians over the conversations, by turn, for the chat preset's shape by default.
 
     python -m carryover.bench.turn_work [--conversations 10] [--turns 20]
-        [--system-tokens 1000] [--user-tokens 150] [--answer-tokens 600]
+        [--system-tokens 1000] [--user-tokens 150] [--answer-tokens 600] [--instances 8]
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from typing import Any, cast
 
 import msgspec
 
+from carryover.bench.kv_index_bench import BLOCK, device_blocks
 from carryover.bench.workload import Distribution, WorkloadSpec, filler, generate
 from carryover.router.config import InstanceConfig, ModelConfig
-from carryover.router.kv.index import Prompt
+from carryover.router.kv.index import KvIndex, Prompt
 from carryover.router.openai import BodyLimits, parse_body
 from carryover.router.relay import DecodeOutput
 from carryover.router.render.backends import Renderer
@@ -42,6 +45,7 @@ STEPS = (
     "render",
     "store hashes",
     "index keys",
+    "index lookups",
     "ids JSON",
     "legs' bodies",
     "P's answer",
@@ -55,7 +59,9 @@ _MODEL = ModelConfig(
 )
 
 
-def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[str, float], int]:
+def _turn(
+    template: ChatTemplate, history: list[dict[str, Any]], instances: int
+) -> tuple[dict[str, float], int]:
     """Seconds per step of one turn whose conversation so far is ``history``."""
     took: dict[str, float] = {}
 
@@ -71,7 +77,15 @@ def _turn(template: ChatTemplate, history: list[dict[str, Any]]) -> tuple[dict[s
     )
     ids: list[int] = timed("render", lambda: template.encode(template.render_text(history)))
     hashed = timed("store hashes", lambda: HashedTokens(ids, chunk_size_for(16)))
-    timed("index keys", lambda: Prompt(ids, packed=hashed.packed).keys(16))
+    prompt = Prompt(ids, packed=hashed.packed)
+    timed("index keys", lambda: prompt.keys(BLOCK))
+    index = KvIndex()
+    names = [f"engine-{n}" for n in range(instances)]
+    rng = random.Random(len(ids))
+    for name in names:
+        index.of(name).apply(device_blocks(ids[: len(ids) - BLOCK], rng))
+    looked_up = timed("index lookups", lambda: [index.cached(name, prompt) for name in names])
+    assert all(c is not None and c.device_tokens >= len(ids) - 2 * BLOCK for c in looked_up)
     runtime = ModelRuntime(_MODEL, cast(Renderer, None), engine_api(_MODEL))
     req = TurnRequest(runtime, "m", None, body, True, True, False, "r", None)
     cold = Plan(Path.COLD, Reason.NO_RECORD)
@@ -125,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, list[float]]]:
         history: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}]
         for turn, user in enumerate(conversation.users, start=1):
             history.append({"role": "user", "content": user})
-            took, length = _turn(template, history)
+            took, length = _turn(template, history, args.instances)
             row = by_turn.setdefault(turn, {step: [] for step in (*STEPS, "tokens")})
             for step, seconds in took.items():
                 row[step].append(seconds)
@@ -156,6 +170,7 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=1000)
     parser.add_argument("--user-tokens", type=int, default=150)
     parser.add_argument("--answer-tokens", type=int, default=600)
+    parser.add_argument("--instances", type=int, default=8, help="engines the index is asked of")
     print(table(run(parser.parse_args())))
 
 
