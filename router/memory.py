@@ -23,7 +23,7 @@ __all__ = [
 #: value under the environment variable that would set it (one set in the environment wins:
 #: glibc read it at startup). With glibc's defaults the churn soak's router kept what large
 #: requests left behind: its lowest RSS rose 9-15% in five minutes, peaking at 244 MB; with
-#: both, 0.3%, peaking at 177 MB (bench/RESULTS.md, "Churn soak").
+#: these, 1.6%, peaking at 186 MB (bench/RESULTS.md, "Churn soak").
 #:
 #: - Arenas: glibc gives each new thread an arena of its own, up to 8 a core, and each pool
 #:   thread that rendered a large request kept its grown arena.
