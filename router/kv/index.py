@@ -5,7 +5,8 @@ of a prompt an instance holds is one walk down the prompt's chain. The engine's 
 kept only to apply ``BlockRemoved`` (which names blocks by them alone).
 
 Memory: an instance holds at most as many blocks as its KV cache (plus offload tiers), and the
-index two dict entries per block and tier; ``max_blocks`` is the bound past which an instance's
+index two dict entries per block and tier, and one shared by the instances per block on a
+device (``KvIndex.holders``); ``max_blocks`` is the bound past which an instance's
 entries are dropped (it can only be passed when removals were lost).
 """
 
