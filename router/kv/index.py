@@ -5,15 +5,15 @@ of a prompt an instance holds is one walk down the prompt's chain. The engine's 
 kept only to apply ``BlockRemoved`` (which names blocks by them alone).
 
 Memory: an instance holds at most as many blocks as its KV cache (plus offload tiers), and the
-index two dict entries per block and tier, and one shared by the instances per block on a
-device (``KvIndex.holders``); ``max_blocks`` is the bound past which an instance's
+index two dict entries per block and tier, and one a block on a device, shared by the
+instances (``KvIndex.holders``); ``max_blocks`` is the bound past which an instance's
 entries are dropped (it can only be passed when removals were lost).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntFlag, StrEnum
 from itertools import accumulate, islice, repeat
@@ -106,15 +106,12 @@ class InstanceBlocks:
     #: our key -> the tiers holding it, as the int of a ``Tier``: ``cached`` walks thousands
     #: of blocks a turn, and an ``IntFlag`` operation builds a new member each time.
     _held: dict[int, int] = field(default_factory=dict)
-    #: our keys held on the device, which ``cached`` checks whole spans of a prompt against.
-    #: A dict of ints rather than a set: the collector does not track it (it walks a set's
-    #: every member on each full pass).
-    _device: dict[int, None] = field(default_factory=dict)
     skipped: dict[Skipped, int] = field(default_factory=dict)
     overflows: int = 0
     #: our key -> a bit for each instance of the index holding it on the device, shared by
     #: every instance of one ``KvIndex`` (this instance's is ``bit``): one walk down a
-    #: prompt's chain answers for all of them (``Prompt.device_runs``).
+    #: prompt's chain answers for all of them (``Prompt.device_blocks``). Ints only: the
+    #: collector does not track it.
     holders: dict[int, int] = field(default_factory=dict)
     bit: int = 1
 
@@ -122,19 +119,17 @@ class InstanceBlocks:
         return sum(map(len, self._keys.values()))
 
     def clear(self) -> None:
+        self._unhold_device(self._keys[Tier.DEVICE].values())
         for keys in self._keys.values():
             keys.clear()
         self._held.clear()
-        self._unhold_device(self._device)
-        self._device.clear()
 
     def _hold_device(self, keys: Sequence[int]) -> None:
-        self._device.update(dict.fromkeys(keys))
         holders, bit = self.holders, self.bit
         for key in keys:
             holders[key] = holders.get(key, 0) | bit
 
-    def _unhold_device(self, keys: Sequence[int] | dict[int, None]) -> None:
+    def _unhold_device(self, keys: Iterable[int]) -> None:
         holders, others = self.holders, ~self.bit
         for key in keys:
             left = holders.get(key, 0) & others
@@ -224,7 +219,7 @@ class InstanceBlocks:
             key = known.pop(engine_hash, None)
             if key is None:
                 continue
-            if bit == _DEVICE and self._device.pop(key, 0) is None:
+            if bit == _DEVICE:
                 self._unhold_device((key,))
             left = self._held.get(key, 0) & ~bit
             if left:
@@ -237,7 +232,7 @@ class InstanceBlocks:
         ``device``: how many of them it holds on the device, when the caller knows."""
         held = self._held
         if device is None:
-            device = _leading(keys, self._device)
+            device = _leading(_runs(keys, self.holders), self.bit)
         blocks = device
         for key in islice(keys, device, None):
             if key not in held:
@@ -247,19 +242,15 @@ class InstanceBlocks:
         return Cached(blocks * size, device * size)
 
 
-def _leading(keys: Sequence[int], members: dict[int, None]) -> int:
-    """How many of the first ``keys`` are all in ``members``: spans are checked whole (in C),
-    halving on a miss, so a prompt of thousands of blocks costs a few dozen steps rather than
-    a Python step a block (bench/kv_index_bench.py)."""
-    has = members.__contains__
-    low, high = 0, len(keys)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if all(map(has, keys[low:middle])):
-            low = middle
-        else:
-            high = middle - 1
-    return low
+def _runs(keys: Sequence[int], holders: dict[int, int]) -> list[int]:
+    """Each key's holder bits, and-ed along the chain (in C): entry ``i`` holds the instances
+    holding every block up to ``i``."""
+    return list(accumulate(map(holders.get, keys, repeat(0)), and_))
+
+
+def _leading(runs: list[int], bit: int) -> int:
+    """Leading blocks held by the instance of ``bit``: bits only ever clear along ``runs``."""
+    return bisect_left(runs, 1, key=lambda held: 0 if held & bit else 1)
 
 
 class Prompt:
@@ -288,18 +279,13 @@ class Prompt:
 
     def device_blocks(self, block_size: int, holders: dict[int, int], bit: int) -> int:
         """Leading blocks of the prompt held on the device by the instance of ``bit``, from
-        an index's ``holders``. The chain is looked up once for every instance of the index,
-        on the first ask (the turn's view): each key's holders, and-ed along the chain, so
-        that entry ``i`` holds the instances holding every block up to ``i``. An agent turn
-        of 20k tokens asked eight instances 1,250 lookups each, a sixth of the router's CPU
-        (bench/RESULTS.md)."""
+        an index's ``holders``, whose chain is looked up once for every instance, on the
+        first ask (the turn's view): eight instances each walking a 20k-token prompt's
+        1,250 blocks took 0.46-0.60 ms a turn, one walk 0.21-0.25 (bench/RESULTS.md)."""
         runs = self._runs.get(block_size)
         if runs is None:
-            keys = self.keys(block_size)
-            runs = list(accumulate(map(holders.get, keys, repeat(0)), and_))
-            self._runs[block_size] = runs
-        # Held bits only ever clear along the chain: ``0`` up to the first block it lacks.
-        return bisect_left(runs, 1, key=lambda held: 0 if held & bit else 1)
+            runs = self._runs[block_size] = _runs(self.keys(block_size), holders)
+        return _leading(runs, bit)
 
 
 @dataclass
