@@ -181,6 +181,30 @@ def _soak(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def _gpu(args: argparse.Namespace) -> None:
+    from carryover.bench.gpu import payload, plan
+
+    root = Path.cwd()
+    folder = root / args.folder
+    if args.action == "payload":
+        for part in payload.build(folder):
+            size = sum(f.stat().st_size for f in part.iterdir()) / payload.MIB
+            print(f"{part.relative_to(root)}: {size:.1f} MiB")
+        return
+    parts = sorted((folder / "parts").glob("part-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not parts:
+        raise SystemExit(f"no parts in {folder / 'parts'}: run carryover bench gpu payload first")
+    calls = plan.plan(
+        parts,
+        root=root,
+        sizes=args.sizes,
+        peer=args.peer,
+        prefill_gpu=args.prefill_gpu,
+        decode_gpu=args.decode_gpu,
+    )
+    print(plan.render(calls))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="carryover bench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -356,6 +380,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     t.add_argument("--speed", type=float, default=1.0, help="simulated delay multiplier")
     t.add_argument("--out", type=Path, default=Path("results/tenant-salt"))
     t.set_defaults(func=_tenant_salt)
+    g = sub.add_parser("gpu", help="the run on a lent GPU machine: its payload and its calls")
+    g.add_argument(
+        "action",
+        choices=["payload", "plan"],
+        help="payload: download, slim and cut the wheels into parts; plan: the device calls",
+    )
+    g.add_argument(
+        "--folder",
+        type=Path,
+        default=Path(".gpu"),
+        help="in the repository, ignored by git: wheels, blobs, parts",
+    )
+    g.add_argument(
+        "--sizes",
+        default="8000x8,16000x8,32000x4",
+        help="conversations growing to TOKENS, xN of them at once",
+    )
+    g.add_argument("--peer", default="vllm-router:consistent_hash")
+    g.add_argument("--prefill-gpu", default="0", help="CUDA_VISIBLE_DEVICES of P")
+    g.add_argument("--decode-gpu", default="0", help="CUDA_VISIBLE_DEVICES of D")
+    g.set_defaults(func=_gpu)
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     # SIGTERM's default action ends the process at once, skipping the ``finally`` that stops
     # the engines and routers a benchmark started (they run in sessions of their own, so
