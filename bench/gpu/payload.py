@@ -184,9 +184,7 @@ def blobs(wheels: dict[str, Path], work: Path) -> list[Blob]:
     nixl = "nixl-1.5.1-cu13-slim.tar.xz"
     if not cached(nixl):
         members = [
-            *_members(
-                wheels["nixl-cu13"], lambda n: not n.startswith(_NIXL_DROPPED_PREFIXES)
-            ),
+            *_members(wheels["nixl-cu13"], lambda n: not n.startswith(_NIXL_DROPPED_PREFIXES)),
             *_members(wheels["nixl"]),
         ]
         write(nixl, BlobKind.TREE, _tree(members))

@@ -340,10 +340,7 @@ def prove(
                         "p_pulled_tokens": pulled,
                         "p_cache_emptied": emptied,
                         "equal": mine == theirs,
-                        "first_difference": next(
-                            (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
-                            None if len(mine) == len(theirs) else min(len(mine), len(theirs)),
-                        ),
+                        "first_difference": _first_difference(mine, theirs),
                         "seconds": round(seconds, 3),
                     }
                 )
@@ -361,6 +358,14 @@ def prove(
     }
     (out / "prove.json").write_text(json.dumps(proof, indent=1))
     return proof
+
+
+def _first_difference(mine: str, theirs: str) -> int | None:
+    """The first character where two answers differ (None: equal)."""
+    for index, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+        if a != b:
+            return index
+    return None if len(mine) == len(theirs) else min(len(mine), len(theirs))
 
 
 def _sizes(text: str) -> list[Size]:
