@@ -394,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     g.add_argument(
         "--sizes",
-        default="8000x8,16000x8,32000x4",
+        default="8000x4,16000x4,32000x4",
         help="conversations growing to TOKENS, xN of them at once",
     )
     g.add_argument("--peer", default="vllm-router:consistent_hash")

@@ -195,7 +195,6 @@ print("PROBE " + json.dumps({"state": state, "right": right, "seconds": seconds,
 #: what NIXL reads with ``kv_buffer_device: cpu`` (the engines copy to and from the card).
 TRANSPORTS = (
     ("cuda", ""),
-    ("cuda", "cuda_ipc,cuda_copy,tcp"),
     ("cuda", "cuda_ipc,cuda_copy,sm,self"),
     ("cpu", ""),
 )

@@ -48,7 +48,7 @@ def plan(
     parts: Sequence[Path],
     *,
     root: Path,
-    sizes: str = "8000x8,16000x8,32000x4",
+    sizes: str = "8000x4,16000x4,32000x4",
     peer: str = "vllm-router:consistent_hash",
     prefill_gpu: str = "0",
     decode_gpu: str = "0",

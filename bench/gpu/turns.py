@@ -369,7 +369,7 @@ def _first_difference(mine: str, theirs: str) -> int | None:
 
 
 def _sizes(text: str) -> list[Size]:
-    """``8000x8,16000x8,32000x4``: tokens x conversations."""
+    """``8000x4,16000x4,32000x4``: tokens x conversations."""
     sizes = []
     for part in text.split(","):
         tokens, _, count = part.partition("x")
@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = sub.add_parser("prove")
     r = sub.add_parser("run")
     r.add_argument("--arms", default="carryover-no-reuse,carryover")
-    r.add_argument("--sizes", type=_sizes, default=_sizes("8000x8,16000x8,32000x4"))
+    r.add_argument("--sizes", type=_sizes, default=_sizes("8000x4,16000x4,32000x4"))
     r.add_argument("--seed", type=int, default=0)
     for each in (p, r):
         each.add_argument("--tokenizer", type=Path, default=Path("/tmp/gpu/model"))

@@ -141,3 +141,34 @@ def test_the_turn_n_run_on_simulated_engines_reuses_and_answers_as_the_proxy_doe
         assert counted["prefill"]["vllm:prompt_tokens_by_source_total{local_compute}"] > 0
         assert "vllm:prompt_tokens_by_source_total{local_compute}" not in counted["decode"]
     assert (tmp_path / "out" / "turns-1200.md").exists()
+
+
+def test_the_engines_are_started_with_bidirectional_transfer_unless_told_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    device = _device(tmp_path / "state", monkeypatch)
+
+    def config(role: str, **flags: object) -> dict[str, object]:
+        args = device.engine_args(
+            role,
+            model=Path("/m"),
+            port=1,
+            kv_bytes=2 << 30,
+            buffer="cpu",
+            max_model_len=40960,
+            served_name="s",
+            **flags,
+        )
+        assert args[args.index("--kv-cache-memory-bytes") + 1] == str(2 << 30)
+        assert args[args.index("--block-size") + 1] == "16"
+        found: dict[str, object] = json.loads(args[args.index("--kv-transfer-config") + 1])
+        return found
+
+    prefill, decode = config("prefill"), config("decode")
+    assert (prefill["kv_role"], decode["kv_role"]) == ("kv_producer", "kv_consumer")
+    assert prefill["kv_connector_extra_config"] == {"bidirectional_kv_xfer": True}
+    assert prefill["kv_load_failure_policy"] == "fail" and prefill["kv_buffer_device"] == "cpu"
+    plain = config("decode", bidirectional=False)
+    assert plain["kv_connector_extra_config"] == {"bidirectional_kv_xfer": False}
+    env = device.environment()
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["NVSHMEM_DISABLE_NVLS"] == "1"
