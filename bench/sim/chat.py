@@ -17,7 +17,11 @@ What it follows:
   the deprecated ``reasoning_content``) under both names; tools as ``model_dump`` gives
   them; where the template does not name the ``developer`` role, developer messages become
   system ones and every system message is merged into one, first.
-- The rendered text is tokenized without special tokens (the template wrote them).
+- The rendered text is tokenized without special tokens (the template wrote them), a piece
+  between two added tokens at a time, each piece's ids kept: the tokenizer splits at added
+  tokens before anything else (``tokenizers``' ``AddedVocabulary``), so the ids are the
+  whole text's, and a conversation's earlier messages, sent again every turn, are not
+  tokenized again (a 20k-token prompt took the simulated engine 20 ms of a shared core).
 
 What vLLM accepts and the simulator does not model (media, other part shapes) raises
 :class:`SimRenderError`, which the simulator answers with a 400.
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -203,6 +209,14 @@ class SimTemplate:
         eos = self._special.get("eos_token")
         self.eos_token_id: int | None = self.tokenizer.token_to_id(eos) if eos else None
         self.vocab_size: int = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        added = sorted(
+            (t.content for t in self.tokenizer.get_added_tokens_decoder().values()),
+            key=len,
+            reverse=True,
+        )
+        # Longest first: the tokenizer matches the longest added token at each place.
+        self._added = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
+        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
 
     @classmethod
     def qwen3(cls) -> SimTemplate:
@@ -249,8 +263,27 @@ class SimTemplate:
         )
         return self.encode(text)
 
+    #: Pieces of rendered text whose ids are kept (least recently used go first).
+    PIECES_KEPT = 65_536
+
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self._added is None:
+            whole: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+            return whole
+        ids: list[int] = []
+        pieces = self._pieces
+        for piece in self._added.split(text):
+            if not piece:
+                continue
+            found = pieces.get(piece)
+            if found is None:
+                found = self.tokenizer.encode(piece, add_special_tokens=False).ids
+                pieces[piece] = found
+                if len(pieces) > self.PIECES_KEPT:
+                    pieces.popitem(last=False)
+            else:
+                pieces.move_to_end(piece)
+            ids += found
         return ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
