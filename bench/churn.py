@@ -6,7 +6,7 @@ a ``dns://`` entry whose addresses the soak rewrites every ``churn_every`` secon
 address leaves, a new one joins; every fourth change an address that left comes back, so a
 name returns); Redis; one router (bench/churn_router.py). Load: ``conversations`` clients,
 each turn after a think time, a share of them never coming back; a flood of DELETEs for ids
-that were never stored; every ``large_every`` seconds a turn carrying a 1-10 MB tool list.
+that were never stored; every ``large_period`` seconds a turn carrying a 1-10 MB tool list.
 
 Time is compressed ``compression`` times: the D's ``decoder_kv_blocks_ttl``, the
 request timeout (how long a DELETE's fence lasts) and the renderer's span cache (which fills
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import re
 import time
@@ -56,7 +57,9 @@ class ChurnPlan:
     churn_every: float = 3.0
     decode_addresses: int = 3
     deletes_per_second: float = 100.0
-    large_every: float = 2.0  # seconds between turns carrying a large tool list: ~1% of turns
+    #: About how many seconds between turns carrying a large tool list (~1% of turns); the
+    #: run's own spacing is ``large_period``.
+    large_every: float = 2.0
     large_mb: tuple[float, float] = (1.0, 10.0)
     seed: int = 0
     limit: float = 0.10
@@ -64,7 +67,9 @@ class ChurnPlan:
     @classmethod
     def short(cls) -> ChurnPlan:
         """The CI version: under a minute, 25% allowed."""
-        return cls(seconds=30.0, compression=80.0, large_every=2.0, large_mb=(1.0, 4.0), limit=0.25)
+        # One size: a cycle of sizes cannot fit between the two 3 s tenths, and a tenth that
+        # drew the 4 MB list against one that drew the 1 MB list read as a grown loop lag.
+        return cls(seconds=30.0, compression=80.0, large_mb=(2.5, 2.5), limit=0.25)
 
     @property
     def ttl(self) -> float:
@@ -83,7 +88,23 @@ class ChurnPlan:
     def warmup(self) -> float:
         """One fence lifetime and one TTL (fences, records and handles at their steady
         count), and one cycle of the large sizes (the heap at the largest's high-water)."""
-        return max(self.request_timeout + self.ttl, 10 * self.large_every + 2.0)
+        return max(self.request_timeout + self.ttl, len(self.large_sizes) * self.large_period + 2)
+
+    @property
+    def large_sizes(self) -> list[float]:
+        """The tool lists' sizes (MB), in the order they cycle through."""
+        low, high = self.large_mb
+        return [low + (high - low) * k / 9 for k in range(10)] if high > low else [low]
+
+    @property
+    def large_period(self) -> float:
+        """``large_every``, made to divide the time from the first tenth's start to the last's
+        into whole cycles of ``large_sizes``: the two tenths then see the same sizes at the same
+        moments (the lag line compares their p99, which one large list can move)."""
+        gap = 0.9 * self.seconds
+        cycle = len(self.large_sizes)
+        requests = cycle * max(1, round(gap / (self.large_every * cycle)))
+        return gap / requests
 
 
 class Line(StrEnum):
@@ -261,23 +282,27 @@ class _Load:
         content: str = r.json()["choices"][0]["message"]["content"]
         return content
 
-    async def large(self, rng: random.Random) -> None:
-        """A turn carrying a 1-10 MB tool list every ``large_every`` seconds (sizes cycle
-        through the range, so every tenth sees the same mix)."""
-        low, high = self.plan.large_mb
-        sizes = [low + (high - low) * k / 9 for k in range(10)]
+    async def large(self, rng: random.Random, measured_from: float) -> None:
+        """A turn carrying a 1-10 MB tool list every ``large_period`` seconds, on a schedule
+        fixed to the measured span's start (not after each answer, which drifts), the size
+        the request's slot names: the first and the last tenth see the same mix."""
+        sizes, period = self.plan.large_sizes, self.plan.large_period
         async with httpx.AsyncClient(base_url=self.url, timeout=120) as client:
-            n = 0
+            slot = math.ceil((time.monotonic() - measured_from) / period)
             while self._live():
-                await asyncio.sleep(self.plan.large_every)
+                due = measured_from + slot * period
+                await asyncio.sleep(max(due - time.monotonic(), 0.0))
+                if not self._live():
+                    break
                 body = {
                     "model": "sim-qwen3",
                     "messages": [{"role": "user", "content": "which tool?"}],
-                    "tools": _tools(sizes[n % len(sizes)], rng),
+                    "tools": _tools(sizes[slot % len(sizes)], rng),
                     "max_tokens": 4,
-                    "conversation_id": f"large-{n}",
+                    "conversation_id": f"large-{slot}",
                 }
-                n += 1
+                # The next slot still ahead: one answer slower than a period skips slots.
+                slot = max(slot + 1, math.ceil((time.monotonic() - measured_from) / period))
                 try:
                     r = await client.post("/v1/chat/completions", json=body)
                 except httpx.HTTPError as exc:
@@ -457,7 +482,7 @@ async def _soak(
 
     await asyncio.gather(
         *(load.conversation(random.Random(rng.random())) for _ in range(plan.conversations)),
-        load.large(random.Random(rng.random())),
+        load.large(random.Random(rng.random()), measured_from),
         load.deletes(),
         _churn(membership, plan, stop),
         sample(),
