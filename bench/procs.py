@@ -22,7 +22,7 @@ import httpx
 from carryover.bench.placement import Placement
 from carryover.bench.ports import free_port
 
-__all__ = ["Process", "Topology", "free_port", "kv_event_flags", "topology"]
+__all__ = ["Process", "Topology", "free_port", "kv_event_flags", "topology", "wait_ready"]
 
 
 @dataclass
@@ -65,7 +65,8 @@ def _termination_deferred() -> Iterator[None]:
             signal.raise_signal(signal.SIGTERM)
 
 
-def _wait_ready(process: Process, path: str, timeout: float) -> None:
+def wait_ready(process: Process, path: str, timeout: float) -> None:
+    """Until ``process`` answers 200 on ``path``; its log's tail in the error if it exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.popen.poll() is not None:
@@ -204,10 +205,10 @@ class Topology:
 
     def wait(self, timeout: float = 180.0) -> None:
         for process in self.processes:
-            _wait_ready(process, "/health", timeout)
+            wait_ready(process, "/health", timeout)
         for process in self.processes:
             if process.name.startswith("router"):
-                _wait_ready(process, "/ready", timeout)
+                wait_ready(process, "/ready", timeout)
 
     def stop(self) -> None:
         for process in reversed(self.processes):

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,68 +157,65 @@ def _tree(members: Iterable[tuple[str, bytes]]) -> bytes:
     return _xz(buffer.getvalue())
 
 
-def _members(wheel: Path, keep: object = None) -> Iterable[tuple[str, bytes]]:
+def _members(
+    wheel: Path, keep: Callable[[str], bool] = lambda name: True
+) -> list[tuple[str, bytes]]:
     with zipfile.ZipFile(wheel) as archive:
-        for name in archive.namelist():
-            if name.endswith("/"):
-                continue
-            if callable(keep) and not keep(name):
-                continue
-            yield name, archive.read(name)
+        return [
+            (name, archive.read(name))
+            for name in archive.namelist()
+            if not name.endswith("/") and keep(name)
+        ]
 
 
 def blobs(wheels: dict[str, Path], work: Path) -> list[Blob]:
     """What travels, in the order it should arrive: the engine's (NIXL first, so that a call
-    with only the first part can probe the transport), then the router's, then the peer's."""
+    with only the first part can probe the transport), then the router's, then the peer's.
+    A blob made before (in ``work``) is not made again."""
     work.mkdir(parents=True, exist_ok=True)
-    made: list[Blob] = []
-
-    def write(name: str, kind: BlobKind, data: bytes, target: str = "") -> None:
-        path = work / name
-        path.write_bytes(data)
-        made.append(Blob(name, kind, path, target))
-
-    def cached(name: str) -> bool:
-        return (work / name).exists()
-
-    nixl = "nixl-1.5.1-cu13-slim.tar.xz"
-    if not cached(nixl):
-        members = [
-            *_members(wheels["nixl-cu13"], lambda n: not n.startswith(_NIXL_DROPPED_PREFIXES)),
-            *_members(wheels["nixl"]),
-        ]
-        write(nixl, BlobKind.TREE, _tree(members))
-    else:
-        made.append(Blob(nixl, BlobKind.TREE, work / nixl))
     section = {r.name: r.section for r in requirements()}
-    small = sorted(
-        (n for n in wheels if n not in _UNPACKED and section.get(n) == "engine"), key=str
-    )
-    for name in small:
-        made.append(Blob(wheels[name].name, BlobKind.WHEEL, wheels[name]))
-    vllm_py = "vllm-0.26.0-py.tar.xz"
+
+    def made(name: str, kind: BlobKind, data: Callable[[], bytes], target: str = "") -> Blob:
+        path = work / name
+        if not path.exists():
+            path.write_bytes(data())
+        return Blob(name, kind, path, target)
+
+    def wheel(name: str) -> Blob:
+        return Blob(wheels[name].name, BlobKind.WHEEL, wheels[name])
+
+    def kernel(path: str) -> Blob:
+        with zipfile.ZipFile(wheels["vllm"]) as archive:
+            return made(
+                Path(path).name + ".xz", BlobKind.FILE, lambda: _xz(archive.read(path)), path
+            )
+
     skipped = set(_VLLM_DROPPED) | set(_VLLM_KERNELS)
-    if not cached(vllm_py):
-        write(vllm_py, BlobKind.TREE, _tree(_members(wheels["vllm"], lambda n: n not in skipped)))
-    else:
-        made.append(Blob(vllm_py, BlobKind.TREE, work / vllm_py))
-    for kernel in _VLLM_KERNELS:
-        name = Path(kernel).name + ".xz"
-        if not cached(name):
-            with zipfile.ZipFile(wheels["vllm"]) as archive:
-                write(name, BlobKind.FILE, _xz(archive.read(kernel)), kernel)
-        else:
-            made.append(Blob(name, BlobKind.FILE, work / name, kernel))
-    for name in sorted(n for n in wheels if section.get(n) == "router"):
-        made.append(Blob(wheels[name].name, BlobKind.WHEEL, wheels[name]))
-    for name in sorted(n for n in wheels if section.get(n) == "peer" and n not in _UNPACKED):
-        made.append(Blob(wheels[name].name, BlobKind.WHEEL, wheels[name]))
-    router = "vllm-router-0.1.17.tar.xz"
-    if not cached(router):
-        write(router, BlobKind.TREE, _tree(_members(wheels["vllm-router"])))
-    else:
-        made.append(Blob(router, BlobKind.TREE, work / router))
-    return made
+    nixl = made(
+        "nixl-1.5.1-cu13-slim.tar.xz",
+        BlobKind.TREE,
+        lambda: _tree(
+            _members(wheels["nixl-cu13"], lambda n: not n.startswith(_NIXL_DROPPED_PREFIXES))
+            + _members(wheels["nixl"])
+        ),
+    )
+    engine = [wheel(n) for n in sorted(wheels) if n not in _UNPACKED and section.get(n) == "engine"]
+    vllm = made(
+        "vllm-0.26.0-py.tar.xz",
+        BlobKind.TREE,
+        lambda: _tree(_members(wheels["vllm"], lambda n: n not in skipped)),
+    )
+    kernels = [kernel(path) for path in _VLLM_KERNELS]
+    router = [wheel(n) for n in sorted(wheels) if section.get(n) == "router"]
+    peer = [wheel(n) for n in sorted(wheels) if section.get(n) == "peer" and n not in _UNPACKED]
+    peer.append(
+        made(
+            "vllm-router-0.1.17.tar.xz",
+            BlobKind.TREE,
+            lambda: _tree(_members(wheels["vllm-router"])),
+        )
+    )
+    return [nixl, *engine, vllm, *kernels, *router, *peer]
 
 
 def _sha256(path: Path) -> str:

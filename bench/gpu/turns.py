@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import httpx
 from carryover.bench.fleet_counters import scrape
 from carryover.bench.peers import POLICIES
 from carryover.bench.ports import free_port
+from carryover.bench.procs import Process, wait_ready
 from carryover.bench.report import Slo, build_report, render_markdown
 from carryover.bench.runner import TurnRecord, run_arm
 from carryover.bench.workload import Conversation, Distribution, WorkloadSpec, generate
@@ -125,20 +127,6 @@ def reset_caches(urls: Sequence[str], deadline_s: float = 90.0) -> dict[str, boo
     return done
 
 
-def _wait_ready(url: str, popen: subprocess.Popen[bytes], path: str, deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise RuntimeError(f"{url} exited with {popen.returncode}")
-        try:
-            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url}{path} not ready in {deadline_s} s")
-
-
 def router_command(arm: str, port: int, tokenizer: Path, engines: Engines) -> list[str]:
     """The command of ``arm``'s router in front of P and D."""
     name, _, policy = arm.partition(":")
@@ -162,6 +150,25 @@ def router_command(arm: str, port: int, tokenizer: Path, engines: Engines) -> li
     return [*command, "--no-reuse"] if name == "carryover-no-reuse" else command
 
 
+@contextlib.contextmanager
+def _router(arm: str, tokenizer: Path, engines: Engines, logs: Path) -> Iterator[Process]:
+    """``arm``'s router in front of the engines, ready, stopped on the way out."""
+    port = free_port()
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{arm.replace(':', '-')}.log"
+    argv = router_command(arm, port, tokenizer, engines)
+    with log.open("ab") as sink:
+        popen = subprocess.Popen(
+            argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    router = Process(arm, f"http://127.0.0.1:{port}", popen, log, argv=argv)
+    try:
+        wait_ready(router, "/health" if arm.startswith("vllm-router") else "/ready", 120)
+        yield router
+    finally:
+        router.stop()
+
+
 def _arm(
     arm: str,
     conversations: list[Conversation],
@@ -170,19 +177,9 @@ def _arm(
     logs: Path,
     engines: Engines,
 ) -> tuple[list[TurnRecord], float, dict[str, Any]]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    logs.mkdir(parents=True, exist_ok=True)
-    with (logs / f"{arm.replace(':', '-')}.log").open("ab") as log:
-        popen = subprocess.Popen(
-            router_command(arm, port, tokenizer, engines),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
     peer = arm.startswith("vllm-router")
-    try:
-        _wait_ready(url, popen, "/health" if peer else "/ready", 120)
+    with _router(arm, tokenizer, engines, logs) as router:
+        url = router.url
         before = {"prefill": counters(engines.prefill), "decode": counters(engines.decode)}
         started = time.perf_counter()
         records = asyncio.run(
@@ -205,12 +202,6 @@ def _arm(
             # What D keeps for the conversations goes back now, not at its TTL.
             for conversation in conversations:
                 httpx.delete(f"{url}/v1/conversations/{conversation.id}", timeout=30)
-    finally:
-        popen.terminate()
-        try:
-            popen.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(popen.pid, 9)
     return records, wall, counted
 
 
@@ -300,19 +291,9 @@ def prove(
     reset_caches(engines.urls)
     spec = Size(tokens=2000 * turns, conversations=conversations, turns=turns, answer=24)
     chats = generate(spec.spec(seed=7))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    with (out / "prove-router.log").open("ab") as log:
-        popen = subprocess.Popen(
-            router_command("carryover", port, tokenizer, engines),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        _wait_ready(url, popen, "/ready", 120)
+    with _router("carryover", tokenizer, engines, out / "logs") as router:
+        url = router.url
         for conversation in chats:
             messages: list[dict[str, str]] = []
             if conversation.system:
@@ -345,9 +326,6 @@ def prove(
                     }
                 )
                 messages.append({"role": "assistant", "content": mine})
-    finally:
-        popen.terminate()
-        popen.wait(timeout=20)
     later = [r for r in rows if r["turn"] > 1]
     proof = {
         "turns": rows,
